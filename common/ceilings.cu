@@ -1,0 +1,106 @@
+#include <cublas_v2.h>
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "ceilings.hpp"
+#include "cuda_check.hpp"
+#include "device_buffer.hpp"
+#include "timing.hpp"
+
+namespace attn {
+namespace {
+
+// Fills a buffer with values in [-1, 1) from a hash of the index: random enough to keep the
+// tensor cores honest (zeros run faster than real data).
+__global__ void fill_hashed(__half* data, int64_t count) {
+  const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (i >= count) return;
+  uint32_t x = uint32_t(i) * 0x9e3779b9u;
+  x ^= x >> 16;
+  x *= 0x85ebca6bu;
+  x ^= x >> 13;
+  data[i] = __float2half(float(x & 0xffff) / 32768.0f - 1.0f);
+}
+
+double copy_bandwidth_gbps(cudaStream_t stream) {
+  std::size_t free_bytes = 0, total_bytes = 0;
+  CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+  const std::size_t bytes = std::min<std::size_t>(std::size_t(1) << 30, free_bytes / 4);
+  DeviceBuffer<char> source(bytes), target(bytes);
+  CUDA_CHECK(cudaMemsetAsync(source.data(), 1, bytes, stream));
+  const TimingStats stats = time_launches(
+      [&](int) {
+        CUDA_CHECK(cudaMemcpyAsync(target.data(), source.data(), bytes, cudaMemcpyDeviceToDevice,
+                                   stream));
+      },
+      stream, 3, 20);
+  return 2.0 * double(bytes) / (stats.median_us * 1e-6) / 1e9;
+}
+
+double tensor_core_tflops(cudaStream_t stream) {
+  constexpr int kSize = 8192;
+  const int64_t count = int64_t(kSize) * kSize;
+  DeviceBuffer<__half> a(count), b(count), c(count);
+  fill_hashed<<<unsigned((count + 255) / 256), 256, 0, stream>>>(a.data(), count);
+  CUDA_CHECK_LAUNCH();
+  fill_hashed<<<unsigned((count + 255) / 256), 256, 0, stream>>>(b.data(), count);
+  CUDA_CHECK_LAUNCH();
+
+  cublasHandle_t handle = nullptr;
+  CUBLAS_CHECK(cublasCreate(&handle));
+  struct HandleGuard {
+    cublasHandle_t handle;
+    ~HandleGuard() { cublasDestroy(handle); }
+  } guard{handle};
+  CUBLAS_CHECK(cublasSetStream(handle, stream));
+  const float alpha = 1.0f, beta = 0.0f;
+  const TimingStats stats = time_launches(
+      [&](int) {
+        CUBLAS_CHECK(cublasGemmEx(handle, CUBLAS_OP_N, CUBLAS_OP_N, kSize, kSize, kSize, &alpha,
+                                  a.data(), CUDA_R_16F, kSize, b.data(), CUDA_R_16F, kSize, &beta,
+                                  c.data(), CUDA_R_16F, kSize, CUBLAS_COMPUTE_32F,
+                                  CUBLAS_GEMM_DEFAULT));
+      },
+      stream, 3, 10);
+  return 2.0 * double(kSize) * kSize * kSize / (stats.median_us * 1e-6) / 1e12;
+}
+
+}  // namespace
+
+GpuInfo open_device(int device) {
+  int count = 0;
+  const cudaError_t status = cudaGetDeviceCount(&count);
+  if (status != cudaSuccess || count == 0) {
+    cudaGetLastError();  // clear the sticky-free error so later calls are not confused
+    throw CudaError(std::string("no CUDA device found (") +
+                    (status == cudaSuccess ? "the driver reports 0 devices"
+                                           : cudaGetErrorString(status)) +
+                    "); run this on a machine with an NVIDIA GPU");
+  }
+  if (device >= count) {
+    throw CudaError("--device " + std::to_string(device) + ": there are only " +
+                    std::to_string(count) + " CUDA device(s)");
+  }
+  CUDA_CHECK(cudaSetDevice(device));
+  cudaDeviceProp properties{};
+  CUDA_CHECK(cudaGetDeviceProperties(&properties, device));
+  return GpuInfo{properties.name, properties.multiProcessorCount, properties.l2CacheSize,
+                 properties.major * 10 + properties.minor};
+}
+
+Ceilings measure_ceilings() {
+  cudaStream_t stream = nullptr;
+  CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  struct StreamGuard {
+    cudaStream_t stream;
+    ~StreamGuard() { cudaStreamDestroy(stream); }
+  } guard{stream};
+  Ceilings ceilings;
+  ceilings.copy_gbps = copy_bandwidth_gbps(stream);
+  ceilings.tensor_tflops = tensor_core_tflops(stream);
+  return ceilings;
+}
+
+}  // namespace attn

@@ -1,0 +1,52 @@
+// The result check: a step's fp16 output against the fp64 reference.
+//
+// Tolerances, from fp16 rounding (unit roundoff u = 2^-11 ~ 4.9e-4). A correct kernel that
+// accumulates in fp32 makes two rounding errors that matter:
+//   1. O itself is stored in fp16: |error| <= u/2 * |o| per element.
+//   2. Tensor-core steps round the probabilities P to fp16 before P V: each p_j carries
+//      a relative error <= u/2, so o = sum_j p_j v_j moves by at most u/2 * max_j |v_j|.
+// Everything else (fp32 dot products of exact fp16 products, exp in fp32) is ~1e-6 relative.
+// So per element |error| <= u/2 * |o| + u/2 * max|v| <= u * max|V|, since |o| <= max|V|
+// (o is a convex combination of rows of V). We allow 4x that bound on the largest error.
+// The errors are independent across j, so the relative Frobenius error of a correct kernel
+// is ~u/2 (measured: 1e-4 to 3e-4); we allow 4u. Both bounds are the same for every step.
+// A planted error of one element, a skipped row, a NaN, or a wrong scale (tests/) fail them.
+#pragma once
+
+#include <cuda_fp16.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "cpu_reference.hpp"
+#include "inputs.hpp"
+#include "options.hpp"
+
+namespace attn {
+
+constexpr double kUnitRoundoff = 0x1.0p-11;             // fp16
+constexpr double kRelativeTolerance = 4 * kUnitRoundoff;  // on ||O - ref||_F / ||ref||_F
+constexpr double kAbsoluteFactor = 4 * kUnitRoundoff;     // max |O - ref| <= this * max|V|
+
+struct CheckResult {
+  bool checked = false;  // false for --check none
+  bool passed = false;
+  double relative_error = 0;  // ||O - ref||_F / ||ref||_F over the checked slices
+  double max_abs_error = 0;
+  double relative_tolerance = kRelativeTolerance;
+  double abs_tolerance = 0;
+  int64_t nonfinite = 0;       // NaN or Inf outputs from finite inputs: always a failure
+  int64_t checked_slices = 0;
+  int64_t total_slices = 0;
+  std::string worst;  // where the largest error is, for the failure message
+};
+
+// The (b, h) slices a check covers: all for full; for sample, the first, the last and two
+// more drawn from the seed (fewer when there are fewer slices).
+std::vector<int64_t> slices_to_check(const Shape& shape, CheckMode mode, uint64_t seed);
+
+CheckResult compare(const HostTensors& inputs, const Reference& reference,
+                    const std::vector<__half>& output);
+
+}  // namespace attn

@@ -1,0 +1,50 @@
+#include "inputs.hpp"
+
+#include <cmath>
+
+namespace attn {
+namespace {
+
+// splitmix64: a fast, well-mixed 64-bit hash; good enough for test data.
+uint64_t mix(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+double unit_open(uint64_t bits) {  // uniform in (0, 1), never 0 so log() is finite
+  return (double(bits >> 11) + 0.5) * 0x1.0p-53;
+}
+
+void fill(std::vector<__half>& tensor, uint64_t seed, uint64_t stream, double scale) {
+  parallel_for(int64_t(tensor.size()), [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      tensor[i] = __float2half(float(scale * normal_sample(seed, stream, uint64_t(i))));
+    }
+  });
+}
+
+}  // namespace
+
+float normal_sample(uint64_t seed, uint64_t stream, uint64_t index) {
+  // Box-Muller on two hashed uniforms.
+  const uint64_t key = mix(seed ^ mix(stream + 0x51ed2701ull)) ^ index;
+  const double u1 = unit_open(mix(key)), u2 = unit_open(mix(key ^ 0xd1b54a32d192ed03ull));
+  return float(std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * M_PI * u2));
+}
+
+HostTensors make_inputs(const Shape& shape, uint64_t seed, double qk_scale) {
+  HostTensors inputs;
+  inputs.shape = shape;
+  const auto count = std::size_t(shape.elements());
+  inputs.q.resize(count);
+  inputs.k.resize(count);
+  inputs.v.resize(count);
+  fill(inputs.q, seed, 1, qk_scale);
+  fill(inputs.k, seed, 2, qk_scale);
+  fill(inputs.v, seed, 3, 1.0);
+  return inputs;
+}
+
+}  // namespace attn

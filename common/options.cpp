@@ -1,0 +1,167 @@
+#include "options.hpp"
+
+#include <cerrno>
+#include <cstdlib>
+#include <limits>
+
+namespace attn {
+
+int64_t parse_integer(const std::string& flag, const std::string& text, int64_t lo, int64_t hi) {
+  if (text.empty()) throw UsageError(flag + ": expected an integer, got an empty value");
+  errno = 0;
+  char* end = nullptr;
+  const long long value = std::strtoll(text.c_str(), &end, 10);
+  if (end == text.c_str() || *end != '\0') {
+    throw UsageError(flag + ": '" + text + "' is not an integer");
+  }
+  if (errno == ERANGE || value > hi) {
+    throw UsageError(flag + ": " + text + " is too large (at most " + std::to_string(hi) + ")");
+  }
+  if (value < lo) {
+    throw UsageError(flag + ": " + text + " is too small (at least " + std::to_string(lo) + ")");
+  }
+  return value;
+}
+
+std::vector<int64_t> parse_integer_list(const std::string& flag, const std::string& text,
+                                        int64_t lo, int64_t hi) {
+  std::vector<int64_t> values;
+  std::size_t start = 0;
+  while (true) {
+    const std::size_t comma = text.find(',', start);
+    values.push_back(parse_integer(flag, text.substr(start, comma - start), lo, hi));
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  return values;
+}
+
+CheckMode parse_check_mode(const std::string& text) {
+  if (text == "sample") return CheckMode::sample;
+  if (text == "full") return CheckMode::full;
+  if (text == "none") return CheckMode::none;
+  throw UsageError("--check: '" + text + "' is not one of sample, full, none");
+}
+
+std::string to_string(CheckMode mode) {
+  switch (mode) {
+    case CheckMode::sample: return "sample";
+    case CheckMode::full: return "full";
+    case CheckMode::none: return "none";
+  }
+  return "?";
+}
+
+void validate_shape(const Shape& shape) {
+  // Four tensors of B*H*N*D fp16 values must have a byte count that fits in 64 bits.
+  constexpr int64_t kMaxBytes = std::numeric_limits<int64_t>::max();
+  int64_t bytes = 4 * 2;  // four tensors, two bytes per element
+  for (int64_t factor : {shape.batch, shape.heads, shape.tokens, shape.head_dim}) {
+    if (bytes > kMaxBytes / factor) {
+      throw UsageError("shape " + shape.str() +
+                       ": its buffers' byte count overflows 64 bits; choose smaller sizes");
+    }
+    bytes *= factor;
+  }
+}
+
+std::string step_usage(const std::string& program) {
+  return "usage: " + program +
+         " [--tokens N | --image PX [--patch P]] [--batch B] [--heads H] [--head-dim D]\n"
+         "       [--iters I] [--warmup W] [--seed S] [--check sample|full|none]\n"
+         "       [--format text|json|csv] [--device K]\n"
+         "\n"
+         "Runs one attention step, O = softmax(Q K^T / sqrt(D)) V on fp16 [B, H, N, D] tensors,\n"
+         "checks it against the fp64 CPU reference and reports its time.\n"
+         "  --tokens N       sequence length (default 197, ViT-B/16 at 224 px)\n"
+         "  --image PX       ViT image size; N = (PX / P)^2 + 1 (384 -> 577, 512 -> 1025)\n"
+         "  --patch P        ViT patch size (default 16)\n"
+         "  --batch B        batch size (default 32)\n"
+         "  --heads H        attention heads (default 12)\n"
+         "  --head-dim D     head dimension (default 64)\n"
+         "  --iters I        timed runs (default: up to 50 within about 2 s)\n"
+         "  --warmup W       untimed runs first (default 10)\n"
+         "  --seed S         seed of the random inputs (default 1234)\n"
+         "  --check MODE     sample (default: first, last and two random (b, h) slices),\n"
+         "                   full (every slice) or none\n"
+         "  --format F       text (default), json or csv\n"
+         "  --device K       CUDA device index (default 0)\n"
+         "Exit codes: 0 passed, 1 check failed, 2 usage error, 3 CUDA or runtime error.\n";
+}
+
+StepOptions parse_step_options(int argc, const char* const* argv) {
+  StepOptions options;
+  int64_t tokens = -1, image = -1, patch = -1;
+  for (int i = 1; i < argc; ++i) {
+    const std::string flag = argv[i];
+    if (flag == "-h" || flag == "--help") {
+      options.help = true;
+      continue;
+    }
+    if (flag.rfind("--", 0) != 0) throw UsageError("unexpected argument '" + flag + "'");
+    // --flag=value and --flag value are both accepted.
+    std::string name = flag, value;
+    const std::size_t equals = flag.find('=');
+    if (equals != std::string::npos) {
+      name = flag.substr(0, equals);
+      value = flag.substr(equals + 1);
+    }
+    auto take_value = [&]() -> const std::string& {
+      if (equals == std::string::npos) {
+        if (i + 1 >= argc) throw UsageError(name + ": missing value");
+        value = argv[++i];
+      }
+      return value;
+    };
+    if (name == "--tokens") {
+      tokens = parse_integer(name, take_value(), 1, kMaxDimension);
+    } else if (name == "--image") {
+      image = parse_integer(name, take_value(), 1, kMaxDimension);
+    } else if (name == "--patch") {
+      patch = parse_integer(name, take_value(), 1, kMaxDimension);
+    } else if (name == "--batch") {
+      options.shape.batch = parse_integer(name, take_value(), 1, kMaxDimension);
+    } else if (name == "--heads") {
+      options.shape.heads = parse_integer(name, take_value(), 1, kMaxDimension);
+    } else if (name == "--head-dim") {
+      options.shape.head_dim = parse_integer(name, take_value(), 1, kMaxDimension);
+    } else if (name == "--iters") {
+      options.iters = static_cast<int>(parse_integer(name, take_value(), 1, 1000000));
+    } else if (name == "--warmup") {
+      options.warmup = static_cast<int>(parse_integer(name, take_value(), 0, 1000000));
+    } else if (name == "--seed") {
+      options.seed = static_cast<uint64_t>(
+          parse_integer(name, take_value(), 0, std::numeric_limits<int64_t>::max()));
+    } else if (name == "--check") {
+      options.check = parse_check_mode(take_value());
+    } else if (name == "--format") {
+      const std::string& format = take_value();
+      if (format == "text") options.format = Format::text;
+      else if (format == "json") options.format = Format::json;
+      else if (format == "csv") options.format = Format::csv;
+      else throw UsageError("--format: '" + format + "' is not one of text, json, csv");
+    } else if (name == "--device") {
+      options.device = static_cast<int>(parse_integer(name, take_value(), 0, 1023));
+    } else {
+      throw UsageError("unknown option '" + name + "' (see --help)");
+    }
+  }
+
+  if (patch != -1 && image == -1) throw UsageError("--patch: only meaningful with --image");
+  if (image != -1) {
+    if (tokens != -1) throw UsageError("--tokens and --image: give one, not both");
+    if (patch == -1) patch = 16;
+    if (image % patch != 0) {
+      throw UsageError("--image " + std::to_string(image) + " is not a multiple of --patch " +
+                       std::to_string(patch));
+    }
+    const int64_t side = image / patch;
+    if (side > 46340) throw UsageError("--image: (image / patch)^2 + 1 tokens is too large");
+    tokens = vit_tokens(image, patch);
+  }
+  if (tokens != -1) options.shape.tokens = tokens;
+  validate_shape(options.shape);
+  return options;
+}
+
+}  // namespace attn

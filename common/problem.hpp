@@ -1,0 +1,28 @@
+// The attention problem every step solves, O = softmax(Q K^T / sqrt(D)) V per (batch, head),
+// and the counts the reports use. Q, K, V, O are fp16, laid out [B, H, N, D], row-major.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace attn {
+
+struct Shape {
+  int64_t batch = 32;
+  int64_t heads = 12;
+  int64_t tokens = 197;
+  int64_t head_dim = 64;
+
+  int64_t slices() const { return batch * heads; }                 // independent (b, h) problems
+  int64_t elements() const { return slices() * tokens * head_dim; }  // per tensor
+  // Two matrix products of N x N x D per slice, 2 FLOPs per multiply-add.
+  double flops() const { return 4.0 * double(slices()) * double(tokens) * double(tokens) * double(head_dim); }
+  // The fewest bytes any implementation must move: read Q, K, V and write O once, fp16.
+  double min_bytes() const { return 4.0 * double(elements()) * 2.0; }
+  std::string str() const;
+};
+
+// ViT token count for an image of `image` pixels cut into patch x patch squares, plus [CLS].
+int64_t vit_tokens(int64_t image, int64_t patch);
+
+}  // namespace attn

@@ -1,0 +1,126 @@
+#include <algorithm>
+#include <cstdio>
+
+#include "cuda_check.hpp"
+#include "device_buffer.hpp"
+#include "runner.hpp"
+
+namespace attn {
+namespace {
+
+constexpr int kMaxBufferSets = 8;
+
+std::string gibibytes(double bytes) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.2f GiB", bytes / double(1ull << 30));
+  return text;
+}
+
+// One copy of the problem on the device.
+struct DeviceSet {
+  DeviceBuffer<__half> q, k, v, o;
+  explicit DeviceSet(std::size_t count) : q(count), k(count), v(count), o(count) {}
+};
+
+AttentionArgs args_for(const DeviceSet& set, const Shape& shape, void* workspace,
+                       cudaStream_t stream) {
+  AttentionArgs args;
+  args.q = set.q.data();
+  args.k = set.k.data();
+  args.v = set.v.data();
+  args.o = set.o.data();
+  args.batch = int(shape.batch);
+  args.heads = int(shape.heads);
+  args.tokens = int(shape.tokens);
+  args.head_dim = int(shape.head_dim);
+  args.workspace = workspace;
+  args.stream = stream;
+  return args;
+}
+
+// Free device memory less some headroom for the runtime and cuBLAS.
+std::size_t usable_device_bytes() {
+  std::size_t free_bytes = 0, total_bytes = 0;
+  CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+  return free_bytes - std::min(free_bytes, std::size_t(256) << 20);
+}
+
+}  // namespace
+
+void ensure_fits(const StepInfo& step, const Shape& shape) {
+  const std::size_t needed = device_bytes_needed(step, shape, 1);
+  const std::size_t usable = usable_device_bytes();
+  if (needed > usable) {
+    throw CudaError("shape " + shape.str() + " needs " + gibibytes(double(needed)) +
+                    " of GPU memory for " + step.id + "; " + gibibytes(double(usable)) +
+                    " is usable");
+  }
+}
+
+std::size_t device_bytes_needed(const StepInfo& step, const Shape& shape, int buffer_sets) {
+  return std::size_t(buffer_sets) * 4 * std::size_t(shape.elements()) * sizeof(__half) +
+         step.workspace_for(shape);
+}
+
+RunResult run_step(const StepInfo& step, const HostTensors& inputs, const Reference* reference,
+                   const RunConfig& config) {
+  const Shape& shape = inputs.shape;
+  const std::size_t count = std::size_t(shape.elements());
+  const std::size_t set_bytes = 4 * count * sizeof(__half);
+
+  // Enough copies that they cannot all sit in L2 (two L2s' worth), as far as memory allows.
+  int device = 0, l2_bytes = 0;
+  CUDA_CHECK(cudaGetDevice(&device));
+  CUDA_CHECK(cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, device));
+  const std::size_t usable = usable_device_bytes();
+  ensure_fits(step, shape);
+  int sets = config.time ? int(std::clamp<std::size_t>((2 * std::size_t(l2_bytes)) / set_bytes + 1,
+                                                       1, kMaxBufferSets))
+                         : 1;
+  while (sets > 1 && device_bytes_needed(step, shape, sets) > usable) --sets;
+
+  cudaStream_t stream = nullptr;
+  CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  struct StreamGuard {
+    cudaStream_t stream;
+    ~StreamGuard() { cudaStreamDestroy(stream); }
+  } guard{stream};
+
+  std::vector<DeviceSet> device_sets;
+  device_sets.reserve(sets);
+  for (int s = 0; s < sets; ++s) device_sets.emplace_back(count);
+  DeviceBuffer<char> workspace(step.workspace_for(shape));
+  CUDA_CHECK(cudaMemcpy(device_sets[0].q.data(), inputs.q.data(), count * 2, cudaMemcpyHostToDevice));
+  CUDA_CHECK(cudaMemcpy(device_sets[0].k.data(), inputs.k.data(), count * 2, cudaMemcpyHostToDevice));
+  CUDA_CHECK(cudaMemcpy(device_sets[0].v.data(), inputs.v.data(), count * 2, cudaMemcpyHostToDevice));
+  for (int s = 1; s < sets; ++s) {
+    for (auto member : {&DeviceSet::q, &DeviceSet::k, &DeviceSet::v}) {
+      CUDA_CHECK(cudaMemcpy((device_sets[s].*member).data(), (device_sets[0].*member).data(),
+                            count * 2, cudaMemcpyDeviceToDevice));
+    }
+  }
+
+  // The checked run, on an output of NaNs (0xFFFF is a NaN in fp16).
+  RunResult result;
+  CUDA_CHECK(cudaMemsetAsync(device_sets[0].o.data(), 0xFF, count * 2, stream));
+  step.launch(args_for(device_sets[0], shape, workspace.data(), stream));
+  CUDA_CHECK_LAUNCH();
+  CUDA_CHECK(cudaStreamSynchronize(stream));
+  result.output.resize(count);
+  CUDA_CHECK(cudaMemcpy(result.output.data(), device_sets[0].o.data(), count * 2,
+                        cudaMemcpyDeviceToHost));
+  if (reference != nullptr) result.check = compare(inputs, *reference, result.output);
+
+  if (config.time) {
+    result.timing = time_launches(
+        [&](int run) {
+          step.launch(args_for(device_sets[run % sets], shape, workspace.data(), stream));
+          CUDA_CHECK_LAUNCH();
+        },
+        stream, config.warmup, config.iters);
+    result.timing.buffer_sets = sets;
+  }
+  return result;
+}
+
+}  // namespace attn

@@ -1,0 +1,13 @@
+// The one main() of every step executable: stepN links exactly one step, found in the registry.
+#include <iostream>
+
+#include "step_program.hpp"
+
+int main(int argc, char** argv) {
+  const auto& steps = attn::registered_steps();
+  if (steps.size() != 1) {
+    std::cerr << argv[0] << ": built with " << steps.size() << " steps; expected exactly one\n";
+    return attn::kExitRuntime;
+  }
+  return attn::run_step_program(steps.front(), argc, argv, std::cout, std::cerr);
+}

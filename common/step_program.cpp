@@ -1,0 +1,73 @@
+#include "step_program.hpp"
+
+#include <exception>
+#include <new>
+
+#include "ceilings.hpp"
+#include "check.hpp"
+#include "cpu_reference.hpp"
+#include "cuda_check.hpp"
+#include "options.hpp"
+#include "report.hpp"
+#include "runner.hpp"
+
+namespace attn {
+
+int run_step_program(const StepInfo& step, int argc, const char* const* argv, std::ostream& out,
+                     std::ostream& err) {
+  const std::string program = "step" + step.id.substr(1);
+  try {
+    const StepOptions options = parse_step_options(argc, argv);
+    if (options.help) {
+      out << step_usage(program) << "\nThis step (" << step.id << "): " << step.title << "\n";
+      return kExitPassed;
+    }
+    if (auto reason = step.refuses(options.shape)) throw UsageError(*reason);
+
+    Record record;
+    record.step = step.id;
+    record.title = step.title;
+    record.shape = options.shape;
+    record.date = today_utc();
+    record.gpu = open_device(options.device);
+    ensure_fits(step, options.shape);  // before drawing gigabytes of host inputs
+    record.ceilings = measure_ceilings();
+
+    const HostTensors inputs = make_inputs(options.shape, options.seed);
+    const std::vector<int64_t> slices = slices_to_check(options.shape, options.check, options.seed);
+    const Reference reference = compute_reference(inputs, slices);
+    RunConfig config;
+    config.warmup = options.warmup;
+    config.iters = options.iters;
+    const RunResult result =
+        run_step(step, inputs, options.check == CheckMode::none ? nullptr : &reference, config);
+    record.timing = result.timing;
+    record.check = result.check;
+    record.status = status_of(result.check);
+
+    switch (options.format) {
+      case Format::text: print_text(out, record); break;
+      case Format::json: print_json(out, record); break;
+      case Format::csv: out << csv_header() << "\n" << csv_row(record) << "\n"; break;
+    }
+    if (record.check.checked && !record.check.passed) {
+      err << program << ": check failed: " << record.check.worst << "\n";
+      return kExitCheckFailed;
+    }
+    return kExitPassed;
+  } catch (const UsageError& error) {
+    err << program << ": " << error.what() << "\n";
+    return kExitUsage;
+  } catch (const CudaError& error) {
+    err << program << ": " << error.what() << "\n";
+    return kExitRuntime;
+  } catch (const std::bad_alloc&) {
+    err << program << ": out of host memory for this shape\n";
+    return kExitRuntime;
+  } catch (const std::exception& error) {
+    err << program << ": " << error.what() << "\n";
+    return kExitRuntime;
+  }
+}
+
+}  // namespace attn

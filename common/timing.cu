@@ -1,0 +1,81 @@
+#include <algorithm>
+#include <cmath>
+#include <utility>
+
+#include "cuda_check.hpp"
+#include "options.hpp"
+#include "timing.hpp"
+
+namespace attn {
+
+double median(std::vector<double> values) {
+  if (values.empty()) return 0;
+  const std::size_t mid = values.size() / 2;
+  std::nth_element(values.begin(), values.begin() + mid, values.end());
+  if (values.size() % 2 == 1) return values[mid];
+  const double upper = values[mid];
+  return 0.5 * (upper + *std::max_element(values.begin(), values.begin() + mid));
+}
+
+TimingStats summarize(const std::vector<double>& durations_us, int warmup) {
+  TimingStats stats;
+  stats.iters = int(durations_us.size());
+  stats.warmup = warmup;
+  if (durations_us.empty()) return stats;
+  stats.median_us = median(durations_us);
+  stats.min_us = *std::min_element(durations_us.begin(), durations_us.end());
+  stats.max_us = *std::max_element(durations_us.begin(), durations_us.end());
+  return stats;
+}
+
+namespace {
+
+class Event {
+ public:
+  Event() { CUDA_CHECK(cudaEventCreate(&event_)); }
+  ~Event() { cudaEventDestroy(event_); }
+  Event(const Event&) = delete;
+  Event& operator=(const Event&) = delete;
+  Event(Event&& other) noexcept : event_(std::exchange(other.event_, nullptr)) {}
+  cudaEvent_t get() const { return event_; }
+
+ private:
+  cudaEvent_t event_ = nullptr;
+};
+
+std::vector<double> timed_runs(const std::function<void(int)>& launch, cudaStream_t stream,
+                               int first, int count) {
+  std::vector<Event> starts(count), stops(count);
+  for (int i = 0; i < count; ++i) {
+    CUDA_CHECK(cudaEventRecord(starts[i].get(), stream));
+    launch(first + i);
+    CUDA_CHECK(cudaEventRecord(stops[i].get(), stream));
+  }
+  CUDA_CHECK(cudaStreamSynchronize(stream));
+  std::vector<double> durations(count);
+  for (int i = 0; i < count; ++i) {
+    float ms = 0;
+    CUDA_CHECK(cudaEventElapsedTime(&ms, starts[i].get(), stops[i].get()));
+    durations[i] = 1000.0 * ms;
+  }
+  return durations;
+}
+
+}  // namespace
+
+TimingStats time_launches(const std::function<void(int)>& launch, cudaStream_t stream, int warmup,
+                          int iters) {
+  int run = 0;
+  if (iters == 0) {
+    // One timed probe after the warm-up sets the count for the budget.
+    for (; run < warmup; ++run) launch(run);
+    const double probe_us = timed_runs(launch, stream, run++, 1).front();
+    iters = int(std::clamp(std::floor(kAutoSeconds * 1e6 / std::max(probe_us, 1.0)), 5.0,
+                           double(kAutoIters)));
+  } else {
+    for (; run < warmup; ++run) launch(run);
+  }
+  return summarize(timed_runs(launch, stream, run, iters), warmup);
+}
+
+}  // namespace attn

@@ -1,0 +1,71 @@
+#include "cpu_reference.hpp"
+
+#include <Eigen/Dense>
+#include <algorithm>
+#include <cmath>
+
+namespace attn {
+namespace {
+
+using RowMatrix = Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+
+constexpr int64_t kRowBlock = 256;
+
+RowMatrix load_slice(const std::vector<__half>& tensor, const Shape& shape, int64_t slice) {
+  const int64_t n = shape.tokens, d = shape.head_dim;
+  RowMatrix m(n, d);
+  const __half* base = tensor.data() + slice * n * d;
+  for (int64_t i = 0; i < n * d; ++i) m.data()[i] = double(__half2float(base[i]));
+  return m;
+}
+
+// Rows [row_begin, row_end) of O for one slice, written into out (N x D row-major).
+void attend_rows(const RowMatrix& q, const RowMatrix& k, const RowMatrix& v, int64_t row_begin,
+                 int64_t row_end, double* out) {
+  const double scale = 1.0 / std::sqrt(double(q.cols()));
+  RowMatrix scores = (q.middleRows(row_begin, row_end - row_begin) * k.transpose()) * scale;
+  for (int64_t r = 0; r < scores.rows(); ++r) {
+    const double row_max = scores.row(r).maxCoeff();
+    scores.row(r) = (scores.row(r).array() - row_max).exp().matrix();
+    scores.row(r) /= scores.row(r).sum();
+  }
+  Eigen::Map<RowMatrix>(out + row_begin * v.cols(), row_end - row_begin, v.cols()) = scores * v;
+}
+
+}  // namespace
+
+std::vector<double> reference_slice(const HostTensors& inputs, int64_t slice) {
+  Reference reference = compute_reference(inputs, {slice});
+  return std::move(reference.output.front());
+}
+
+Reference compute_reference(const HostTensors& inputs, const std::vector<int64_t>& slices) {
+  const Shape& shape = inputs.shape;
+  const int64_t n = shape.tokens, d = shape.head_dim;
+  const int64_t blocks_per_slice = (n + kRowBlock - 1) / kRowBlock;
+
+  Reference reference;
+  reference.slices = slices;
+  reference.output.assign(slices.size(), std::vector<double>(std::size_t(n * d)));
+
+  // Work items are (slice, row block) pairs, so one long slice still spreads over all cores.
+  // Each item converts its slice's K and V again: cheap next to the N x N x D products.
+  parallel_for(int64_t(slices.size()) * blocks_per_slice, [&](int64_t begin, int64_t end) {
+    int64_t loaded = -1;
+    RowMatrix q, k, v;
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t which = item / blocks_per_slice, block = item % blocks_per_slice;
+      if (which != loaded) {
+        q = load_slice(inputs.q, shape, slices[which]);
+        k = load_slice(inputs.k, shape, slices[which]);
+        v = load_slice(inputs.v, shape, slices[which]);
+        loaded = which;
+      }
+      attend_rows(q, k, v, block * kRowBlock, std::min(n, (block + 1) * kRowBlock),
+                  reference.output[which].data());
+    }
+  });
+  return reference;
+}
+
+}  // namespace attn

@@ -1,0 +1,22 @@
+// The CPU reference: exact attention in fp64 (Eigen) from the same fp16 inputs the GPU sees.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "inputs.hpp"
+
+namespace attn {
+
+// O for one (b, h) slice, N x D row-major, computed in fp64 with the stable softmax
+// (subtract each row's maximum before exp). Rows go in blocks so memory stays O(block * N).
+std::vector<double> reference_slice(const HostTensors& inputs, int64_t slice);
+
+// The reference for a set of slices, computed in parallel over slices and row blocks.
+struct Reference {
+  std::vector<int64_t> slices;             // which (b, h) slices, as b * H + h
+  std::vector<std::vector<double>> output;  // output[i]: N x D for slices[i]
+};
+Reference compute_reference(const HostTensors& inputs, const std::vector<int64_t>& slices);
+
+}  // namespace attn

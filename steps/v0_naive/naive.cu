@@ -1,0 +1,65 @@
+// Step v0: naive attention. One thread computes one output element o[b, h, i, c].
+//
+// The thread walks the whole row i of scores twice: once for the row maximum (the softmax is
+// computed stably, exp(s - max)), once to accumulate the exponentials and their weighted sum
+// of V's column c. Everything is fp32 in registers; nothing is shared. Each score is
+// recomputed by all D threads of a row, twice: about 2*D times the FLOPs the problem needs,
+// and every Q, K, V element is fetched from global memory (or cache) over and over.
+// It is correct for any N and D, which makes it the yardstick for every later step.
+#include <cuda_fp16.h>
+
+#include <cmath>
+
+#include "cuda_check.hpp"
+#include "step.hpp"
+
+namespace {
+
+constexpr int kThreadsPerBlock = 256;
+
+__global__ void naive_attention_kernel(const __half* q, const __half* k, const __half* v,
+                                       __half* o, int64_t total, int tokens, int head_dim,
+                                       float scale) {
+  const int64_t index = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (index >= total) return;
+  // index = ((slice * N) + row) * D + column, matching the [B, H, N, D] layout of O.
+  const int column = int(index % head_dim);
+  const int64_t row_index = index / head_dim;  // slice * N + row
+  const int64_t slice_offset = (row_index / tokens) * int64_t(tokens) * head_dim;
+  const __half* q_row = q + row_index * head_dim;
+  const __half* k_slice = k + slice_offset;
+  const __half* v_slice = v + slice_offset;
+
+  auto score = [&](int j) {
+    float dot = 0.0f;
+    for (int c = 0; c < head_dim; ++c) {
+      dot += __half2float(q_row[c]) * __half2float(k_slice[int64_t(j) * head_dim + c]);
+    }
+    return dot * scale;
+  };
+
+  float row_max = -INFINITY;
+  for (int j = 0; j < tokens; ++j) row_max = fmaxf(row_max, score(j));
+
+  float row_sum = 0.0f, weighted = 0.0f;
+  for (int j = 0; j < tokens; ++j) {
+    const float p = expf(score(j) - row_max);
+    row_sum += p;
+    weighted += p * __half2float(v_slice[int64_t(j) * head_dim + column]);
+  }
+  o[index] = __float2half(weighted / row_sum);
+}
+
+void launch_naive(const attn::AttentionArgs& args) {
+  const int64_t total = int64_t(args.batch) * args.heads * args.tokens * args.head_dim;
+  const float scale = 1.0f / std::sqrt(float(args.head_dim));
+  const unsigned blocks = unsigned((total + kThreadsPerBlock - 1) / kThreadsPerBlock);
+  naive_attention_kernel<<<blocks, kThreadsPerBlock, 0, args.stream>>>(
+      args.q, args.k, args.v, args.o, total, args.tokens, args.head_dim, scale);
+  CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+ATTN_REGISTER_STEP(attn::StepInfo{ATTN_STEP_ID, "naive: one thread per output element",
+                                  {32, 64, 80, 128}, 0, launch_naive})

@@ -1,0 +1,46 @@
+// The GPU suite's main: gpu_tests --step=ID [doctest options]. Without a CUDA device it says
+// so and exits 77, which ctest reports as skipped (SKIP_RETURN_CODE), never as passed.
+#define DOCTEST_CONFIG_IMPLEMENT
+#include <doctest/doctest.h>
+#include <cuda_runtime.h>
+
+#include <cstring>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "gpu_support.hpp"
+
+namespace {
+const attn::StepInfo* selected = nullptr;
+constexpr int kSkipped = 77;
+}  // namespace
+
+const attn::StepInfo& step_under_test() { return *selected; }
+
+int main(int argc, char** argv) {
+  std::string id;
+  std::vector<char*> doctest_args;
+  for (int i = 0; i < argc; ++i) {
+    if (std::strncmp(argv[i], "--step=", 7) == 0) {
+      id = argv[i] + 7;
+    } else {
+      doctest_args.push_back(argv[i]);
+    }
+  }
+  selected = attn::find_step(id);
+  if (selected == nullptr) {
+    std::cerr << "gpu_tests: --step=ID names no registered step ('" << id << "')\n";
+    return 2;
+  }
+  int devices = 0;
+  const cudaError_t status = cudaGetDeviceCount(&devices);
+  if (status != cudaSuccess || devices == 0) {
+    std::cout << "SKIPPED: no CUDA device ("
+              << (status == cudaSuccess ? "0 devices" : cudaGetErrorString(status))
+              << "); the GPU suite for " << id << " did not run\n";
+    return kSkipped;
+  }
+  doctest::Context context(int(doctest_args.size()), doctest_args.data());
+  return context.run();
+}

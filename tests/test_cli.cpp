@@ -1,0 +1,137 @@
+// The command line of the step executables: defaults, --image, and every bad input DESIGN.md
+// names gets exit code 2 and one line that names the flag.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <sstream>
+#include <vector>
+
+#include "options.hpp"
+#include "step_program.hpp"
+
+namespace {
+
+// A step that is never launched: every case here stops before the GPU, or has none.
+const attn::StepInfo kFakeStep{"v9", "test step", {32, 64, 80, 128}, 2048, nullptr};
+
+struct Outcome {
+  int code;
+  std::string out, err;
+};
+
+Outcome run(std::vector<const char*> args) {
+  args.insert(args.begin(), "step9");
+  std::ostringstream out, err;
+  const int code = attn::run_step_program(kFakeStep, int(args.size()), args.data(), out, err);
+  return {code, out.str(), err.str()};
+}
+
+int lines(const std::string& text) { return int(std::count(text.begin(), text.end(), '\n')); }
+
+attn::StepOptions parse(std::vector<const char*> args) {
+  args.insert(args.begin(), "step9");
+  return attn::parse_step_options(int(args.size()), args.data());
+}
+
+}  // namespace
+
+TEST_SUITE("cli") {
+  TEST_CASE("defaults are batch 32, heads 12, head dim 64, tokens 197") {
+    const attn::StepOptions options = parse({});
+    CHECK(options.shape.batch == 32);
+    CHECK(options.shape.heads == 12);
+    CHECK(options.shape.head_dim == 64);
+    CHECK(options.shape.tokens == 197);
+    CHECK(options.check == attn::CheckMode::sample);
+    CHECK(options.format == attn::Format::text);
+  }
+
+  TEST_CASE("--image gives ViT token counts") {
+    CHECK(parse({"--image", "224"}).shape.tokens == 197);
+    CHECK(parse({"--image", "384"}).shape.tokens == 577);
+    CHECK(parse({"--image", "512"}).shape.tokens == 1025);
+    CHECK(parse({"--image", "384", "--patch", "32"}).shape.tokens == 145);
+    CHECK(parse({"--image=384"}).shape.tokens == 577);
+  }
+
+  TEST_CASE("every flag is read") {
+    const attn::StepOptions o = parse({"--tokens", "65", "--batch", "2", "--heads", "3",
+                                       "--head-dim", "32", "--iters", "7", "--warmup", "0",
+                                       "--seed", "99", "--check", "full", "--format", "csv",
+                                       "--device", "1"});
+    CHECK(o.shape.tokens == 65);
+    CHECK(o.shape.batch == 2);
+    CHECK(o.shape.heads == 3);
+    CHECK(o.shape.head_dim == 32);
+    CHECK(o.iters == 7);
+    CHECK(o.warmup == 0);
+    CHECK(o.seed == 99);
+    CHECK(o.check == attn::CheckMode::full);
+    CHECK(o.format == attn::Format::csv);
+    CHECK(o.device == 1);
+  }
+
+  TEST_CASE("bad input: exit 2, one line on stderr naming the flag") {
+    struct Case {
+      std::vector<const char*> args;
+      const char* message;
+    };
+    const Case cases[] = {
+        {{"--tokens", "0"}, "--tokens: 0 is too small"},
+        {{"--tokens", "-1"}, "--tokens: -1 is too small"},
+        {{"--tokens", "abc"}, "--tokens: 'abc' is not an integer"},
+        {{"--tokens", "1e12"}, "--tokens: '1e12' is not an integer"},
+        {{"--tokens", "12abc"}, "--tokens: '12abc' is not an integer"},
+        {{"--tokens", ""}, "--tokens: expected an integer"},
+        {{"--tokens", "99999999999"}, "--tokens: 99999999999 is too large"},
+        {{"--tokens", "99999999999999999999999"}, "--tokens: 99999999999999999999999 is too large"},
+        {{"--batch", "0"}, "--batch: 0 is too small"},
+        {{"--heads", "0"}, "--heads: 0 is too small"},
+        {{"--head-dim", "0"}, "--head-dim: 0 is too small"},
+        {{"--head-dim", "1000"}, "does not serve --head-dim 1000"},
+        {{"--head-dim", "48"}, "does not serve --head-dim 48 (it serves head dims 32, 64, 80, 128)"},
+        {{"--tokens", "4096"}, "does not serve --tokens 4096 (it serves N <= 2048"},
+        {{"--iters", "0"}, "--iters: 0 is too small"},
+        {{"--warmup", "-3"}, "--warmup: -3 is too small"},
+        {{"--frobnicate"}, "unknown option '--frobnicate'"},
+        {{"--batch"}, "--batch: missing value"},
+        {{"tokens"}, "unexpected argument 'tokens'"},
+        {{"--image", "100", "--patch", "16"}, "--image 100 is not a multiple of --patch 16"},
+        {{"--image", "224", "--tokens", "197"}, "give one, not both"},
+        {{"--patch", "16"}, "--patch: only meaningful with --image"},
+        {{"--check", "most"}, "--check: 'most' is not one of sample, full, none"},
+        {{"--format", "xml"}, "--format: 'xml' is not one of text, json, csv"},
+        {{"--device", "-1"}, "--device: -1 is too small"},
+        {{"--tokens", "2000", "--batch", "2147483647", "--heads", "2147483647", "--head-dim", "64"},
+         "overflows 64 bits"},
+    };
+    for (const Case& c : cases) {
+      std::string joined;
+      for (const char* a : c.args) joined += std::string(a) + " ";
+      CAPTURE(joined);
+      const Outcome outcome = run(c.args);
+      CHECK(outcome.code == attn::kExitUsage);
+      CHECK(outcome.err.find(c.message) != std::string::npos);
+      CHECK(lines(outcome.err) == 1);
+      CHECK(outcome.out.empty());
+    }
+  }
+
+  TEST_CASE("a runtime problem (no GPU here, or a shape beyond its memory) is exit 3, one line") {
+    // On a CPU machine this is "no CUDA device found"; on a GPU machine the shape (about
+    // 1 PB of buffers) does not fit. Either way: exit 3 and one line, never a crash.
+    const Outcome outcome = run({"--tokens", "2000", "--batch", "1000000", "--heads", "1000"});
+    CHECK(outcome.code == attn::kExitRuntime);
+    CHECK(lines(outcome.err) == 1);
+    const bool explained = outcome.err.find("no CUDA device") != std::string::npos ||
+                           outcome.err.find("GPU memory") != std::string::npos;
+    CHECK(explained);
+  }
+
+  TEST_CASE("--help prints the usage and exits 0") {
+    const Outcome outcome = run({"--help"});
+    CHECK(outcome.code == 0);
+    CHECK(outcome.out.find("usage: step9") != std::string::npos);
+    CHECK(outcome.err.empty());
+  }
+}

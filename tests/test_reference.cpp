@@ -1,0 +1,125 @@
+// The fp64 Eigen reference against the definition written as plain loops.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <vector>
+
+#include "cpu_reference.hpp"
+#include "inputs.hpp"
+
+namespace {
+
+using attn::HostTensors;
+using attn::Shape;
+
+double at(const std::vector<__half>& t, int64_t i) { return double(__half2float(t[i])); }
+
+// softmax(Q K^T / sqrt(D)) V for one slice, straight from the formula (long double, stable).
+std::vector<double> plain_attention(const HostTensors& in, int64_t slice) {
+  const int64_t n = in.shape.tokens, d = in.shape.head_dim, base = slice * n * d;
+  std::vector<double> out(n * d);
+  for (int64_t i = 0; i < n; ++i) {
+    std::vector<long double> s(n);
+    long double row_max = -INFINITY;
+    for (int64_t j = 0; j < n; ++j) {
+      long double dot = 0;
+      for (int64_t c = 0; c < d; ++c) dot += at(in.q, base + i * d + c) * at(in.k, base + j * d + c);
+      s[j] = dot / std::sqrt((long double)d);
+      row_max = std::max(row_max, s[j]);
+    }
+    long double sum = 0;
+    for (int64_t j = 0; j < n; ++j) sum += (s[j] = std::exp(s[j] - row_max));
+    for (int64_t c = 0; c < d; ++c) {
+      long double o = 0;
+      for (int64_t j = 0; j < n; ++j) o += s[j] / sum * at(in.v, base + j * d + c);
+      out[i * d + c] = double(o);
+    }
+  }
+  return out;
+}
+
+double max_difference(const std::vector<double>& a, const std::vector<double>& b) {
+  double worst = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) worst = std::max(worst, std::fabs(a[i] - b[i]));
+  return worst;
+}
+
+}  // namespace
+
+TEST_SUITE("reference") {
+  TEST_CASE("matches plain loops on random shapes, N = 1 and tails included") {
+    const Shape shapes[] = {{1, 1, 1, 64}, {1, 2, 2, 32}, {2, 1, 17, 64}, {1, 1, 65, 80},
+                            {2, 2, 300, 128}, {1, 1, 257, 64}};
+    for (const Shape& shape : shapes) {
+      CAPTURE(shape.str());
+      const HostTensors inputs = attn::make_inputs(shape, 7);
+      const attn::Reference reference =
+          attn::compute_reference(inputs, {0, shape.slices() - 1});
+      CHECK(max_difference(reference.output[0], plain_attention(inputs, 0)) < 1e-12);
+      CHECK(max_difference(reference.output[1], plain_attention(inputs, shape.slices() - 1)) < 1e-12);
+    }
+  }
+
+  TEST_CASE("one token: the output is that token's V row") {
+    const HostTensors inputs = attn::make_inputs({1, 1, 1, 64}, 3);
+    const std::vector<double> out = attn::reference_slice(inputs, 0);
+    for (int c = 0; c < 64; ++c) CHECK(out[c] == at(inputs.v, c));
+  }
+
+  TEST_CASE("stable under large logits, where an unshifted softmax overflows") {
+    const Shape shape{1, 1, 64, 64};
+    const HostTensors inputs = attn::make_inputs(shape, 11, attn::kStressScale);
+    const std::vector<double> out = attn::reference_slice(inputs, 0);
+    for (double value : out) REQUIRE(std::isfinite(value));
+    CHECK(max_difference(out, plain_attention(inputs, 0)) < 1e-9);
+
+    // The point of the stress case: some scores are so large that exp() of an unshifted
+    // score overflows fp32, so a kernel that skips the row maximum produces Inf/NaN.
+    double largest_score = 0;
+    for (int64_t j = 0; j < 64; ++j) {
+      double dot = 0;
+      for (int c = 0; c < 64; ++c) dot += at(inputs.q, c) * at(inputs.k, j * 64 + c);
+      largest_score = std::max(largest_score, dot / 8.0);
+    }
+    CHECK(largest_score > 88.8);  // exp(88.8) overflows fp32
+  }
+
+  TEST_CASE("each output lies inside the range of its V column (convex combination)") {
+    const Shape shape{1, 1, 50, 32};
+    const HostTensors inputs = attn::make_inputs(shape, 5);
+    const std::vector<double> out = attn::reference_slice(inputs, 0);
+    for (int c = 0; c < 32; ++c) {
+      double lo = INFINITY, hi = -INFINITY;
+      for (int j = 0; j < 50; ++j) {
+        lo = std::min(lo, at(inputs.v, j * 32 + c));
+        hi = std::max(hi, at(inputs.v, j * 32 + c));
+      }
+      for (int i = 0; i < 50; ++i) {
+        CHECK(out[i * 32 + c] >= lo - 1e-12);
+        CHECK(out[i * 32 + c] <= hi + 1e-12);
+      }
+    }
+  }
+
+  TEST_CASE("inputs are seeded, never zero, and roughly standard normal") {
+    const Shape shape{2, 3, 40, 64};
+    const HostTensors a = attn::make_inputs(shape, 42), b = attn::make_inputs(shape, 42),
+                      c = attn::make_inputs(shape, 43);
+    double sum = 0, sum_sq = 0;
+    int zeros = 0;
+    bool differs = false;
+    for (std::size_t i = 0; i < a.q.size(); ++i) {
+      REQUIRE(__half2float(a.q[i]) == __half2float(b.q[i]));
+      differs = differs || __half2float(a.q[i]) != __half2float(c.q[i]);
+      const double x = at(a.v, int64_t(i));
+      zeros += x == 0;
+      sum += x;
+      sum_sq += x * x;
+    }
+    const double mean = sum / double(a.v.size()), var = sum_sq / double(a.v.size()) - mean * mean;
+    CHECK(differs);
+    CHECK(zeros < 10);
+    CHECK(std::fabs(mean) < 0.05);
+    CHECK(std::fabs(var - 1.0) < 0.05);
+  }
+}
