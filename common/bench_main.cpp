@@ -36,6 +36,7 @@ const char* kUsage =
     "usage: bench [--steps all|ID,ID,...] [--tokens N,N,...] [--head-dim D,D,...] [--batch B]\n"
     "             [--heads H] [--iters I] [--warmup W] [--seed S] [--check sample|full|none]\n"
     "             [--csv FILE] [--device K] [--list]\n"
+    "--list prints one line per step: id, largest N (or any), head dims, title.\n"
     "Runs every registered step (or the ones named) and the baselines over each token count\n"
     "and head dim, checks each against the fp64 reference, and writes one CSV row per run\n"
     "(to FILE, or to stdout when no --csv is given). Defaults: all steps, tokens 197,577,1025,\n"
@@ -103,7 +104,10 @@ void print_table_row(const Record& r) {
 int run(const BenchOptions& options) {
   if (options.list) {
     for (const StepInfo& step : registered_steps()) {
-      std::cout << step.id << "\t" << step.title << "\n";
+      std::string head_dims;
+      for (int d : step.head_dims) head_dims += (head_dims.empty() ? "" : ",") + std::to_string(d);
+      std::cout << step.id << "\t" << (step.max_tokens ? std::to_string(step.max_tokens) : "any")
+                << "\t" << head_dims << "\t" << step.title << "\n";
     }
     return kExitPassed;
   }
