@@ -1,0 +1,328 @@
+// Step v6: flash attention. No score matrix anywhere: a block keeps its Q tile in registers,
+// streams K and V through shared memory one tile at a time, and folds each tile into the
+// output with an online softmax (a running row maximum and row sum, rescaling what was
+// accumulated so far when the maximum grows). Device memory sees Q, K, V read and O written,
+// once per block of query rows, for any N.
+//
+// What is new against v5:
+//   - online softmax instead of a full row of scores: the N limit is gone;
+//   - mma.sync.m16n8k16 with ldmatrix instead of WMMA, because its register layout is
+//     documented: the S accumulators of QK^T are exactly the A operand of PV, so P never
+//     leaves registers (no shared-memory round trip for P);
+//   - cp.async double buffering: tile j+1 of K (and V) is in flight while tile j is used;
+//   - exp2 with log2(e)/sqrt(D) folded into one constant, so each exponent is one FFMA;
+//   - the tail (keys >= N) is masked only in the last K/V tile.
+// Serves head dims 32, 64, 80, 128 (multiples of 16, so the fragments tile D exactly).
+#include <cuda_fp16.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "cuda_check.hpp"
+#include "step.hpp"
+
+namespace {
+
+// ---- PTX wrappers ---------------------------------------------------------------------------
+
+__device__ __forceinline__ uint32_t shared_address(const void* pointer) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(pointer));
+}
+
+// 16 bytes global -> shared, asynchronously; src_bytes = 0 writes zeros (tail rows).
+__device__ __forceinline__ void cp_async_16(void* shared, const void* global, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(shared_address(shared)),
+               "l"(global), "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+// Wait until at most `kPending` committed groups are still in flight.
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
+}
+
+// Four 8x8 fp16 matrices from shared memory; lanes 8i..8i+7 give the row addresses of matrix i.
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* shared) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(shared_address(shared)));
+}
+// The same, transposed: for V, whose rows (keys) are the k dimension of P V.
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* shared) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(shared_address(shared)));
+}
+
+// D (16x8, fp32) += A (16x16, fp16, row) * B (16x8, fp16, col).
+__device__ __forceinline__ void mma_16x8x16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                            uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "{%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t pack_half2(float low, float high) {
+  const __half2 pair = __floats2half2_rn(low, high);
+  return *reinterpret_cast<const uint32_t*>(&pair);
+}
+
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// ---- Tile geometry --------------------------------------------------------------------------
+
+// kRowGroups: 16-row groups per warp. With two, each K or V fragment read from shared memory
+// feeds two MMAs instead of one: half the shared-memory traffic per FLOP, more registers.
+template <int kHeadDim, int kWarps, int kRowGroups, int kBlockN>
+struct Tiles {
+  static constexpr int kThreads = 32 * kWarps;
+  static constexpr int kWarpRows = 16 * kRowGroups;
+  static constexpr int kBlockM = kWarpRows * kWarps;  // query rows per block
+  static constexpr int kStride = kHeadDim + 8;  // shared row, padded 16 B: ldmatrix conflict-free
+  static constexpr int kDChunks = kHeadDim / 16;  // k-steps of Q K^T
+  static constexpr int kDTiles = kHeadDim / 8;    // n-tiles (8 columns) of O
+  static constexpr int kKeyTiles = kBlockN / 8;   // n-tiles of S
+  static constexpr int kKeyChunks = kBlockN / 16; // k-steps of P V
+  static constexpr int kSharedHalves = (kBlockM + 4 * kBlockN) * kStride;  // Q, 2 K, 2 V
+  static constexpr std::size_t kSharedBytes = kSharedHalves * sizeof(__half);
+  static_assert(kHeadDim % 16 == 0, "fragments tile D by 16");
+};
+
+// Rows [row0, row0 + kRows) of a [N, D] slice into a padded shared tile; rows >= N become 0.
+template <int kRows, int kHeadDim, int kStride, int kThreads>
+__device__ __forceinline__ void load_tile_async(__half* tile, const __half* slice, int row0,
+                                                int tokens) {
+  constexpr int kChunksPerRow = kHeadDim / 8;  // 16-byte chunks
+  for (int chunk = threadIdx.x; chunk < kRows * kChunksPerRow; chunk += kThreads) {
+    const int r = chunk / kChunksPerRow, column = (chunk % kChunksPerRow) * 8;
+    const int row = row0 + r;
+    const bool inside = row < tokens;
+    const __half* source = slice + int64_t(inside ? row : 0) * kHeadDim + column;
+    cp_async_16(tile + r * kStride + column, source, inside ? 16 : 0);
+  }
+}
+
+// ---- The kernel -----------------------------------------------------------------------------
+
+// One block: kBlockM query rows of one (b, h) slice; warp w owns kWarpRows of them, as
+// kRowGroups groups of 16. Fragment layout of mma.m16n8k16 (PTX ISA): lane = 4*group +
+// quad_lane; an accumulator holds rows `group` and `group + 8`, columns 2*quad_lane and
+// 2*quad_lane + 1 of its 16x8 tile, so each row's values are spread over a quad of 4 lanes.
+// A lane therefore tracks 2 * kRowGroups rows; index r = 2 * row_group + half.
+template <int kHeadDim, int kWarps, int kRowGroups, int kBlockN>
+__global__ void __launch_bounds__(32 * kWarps)
+    flash_attention_kernel(const __half* __restrict__ q, const __half* __restrict__ k,
+                           const __half* __restrict__ v, __half* __restrict__ o, int tokens,
+                           int row_tiles, float scale_log2) {
+  using T = Tiles<kHeadDim, kWarps, kRowGroups, kBlockN>;
+  constexpr int kRows = 2 * kRowGroups;  // rows tracked per lane
+  extern __shared__ __align__(16) unsigned char shared_bytes[];
+  __half* q_tile = reinterpret_cast<__half*>(shared_bytes);
+  __half* k_tiles = q_tile + T::kBlockM * T::kStride;  // two stages
+  __half* v_tiles = k_tiles + 2 * kBlockN * T::kStride;  // two stages
+
+  const int row_tile = blockIdx.x % row_tiles;  // consecutive blocks share a slice's K and V
+  const int64_t slice_offset = int64_t(blockIdx.x / row_tiles) * tokens * kHeadDim;
+  const int row0 = row_tile * T::kBlockM;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int group = lane / 4, quad_lane = lane % 4;
+  const int warp_row0 = row0 + warp * T::kWarpRows;
+  const int kv_tiles = (tokens + kBlockN - 1) / kBlockN;
+  // In the last row tile some warps may hold no real query row: they still load and wait
+  // with the block, but skip the arithmetic.
+  const bool warp_has_rows = warp_row0 < tokens;
+
+  // Q and the first K tile in one group, the first V tile in the next.
+  load_tile_async<T::kBlockM, kHeadDim, T::kStride, T::kThreads>(q_tile, q + slice_offset, row0, tokens);
+  load_tile_async<kBlockN, kHeadDim, T::kStride, T::kThreads>(k_tiles, k + slice_offset, 0, tokens);
+  cp_async_commit();
+  load_tile_async<kBlockN, kHeadDim, T::kStride, T::kThreads>(v_tiles, v + slice_offset, 0, tokens);
+  cp_async_commit();
+
+  uint32_t q_fragments[kRowGroups][T::kDChunks][4];
+  float o_acc[kRowGroups][T::kDTiles][4] = {};
+  float row_max[kRows];  // raw score units
+  float row_sum[kRows];  // this lane's share; the quad's sum at the end
+  for (int r = 0; r < kRows; ++r) {
+    row_max[r] = -INFINITY;
+    row_sum[r] = 0.0f;
+  }
+
+  for (int tile = 0; tile < kv_tiles; ++tile) {
+    const __half* k_tile = k_tiles + (tile % 2) * kBlockN * T::kStride;
+    const __half* v_tile = v_tiles + (tile % 2) * kBlockN * T::kStride;
+    const int tile_keys = min(kBlockN, tokens - tile * kBlockN);  // < kBlockN only at the end
+
+    cp_async_wait<1>();  // K of this tile has landed (V may still be in flight)
+    __syncthreads();
+    if (tile == 0) {
+      for (int g = 0; g < kRowGroups; ++g) {
+        for (int c = 0; c < T::kDChunks; ++c) {
+          ldmatrix_x4(q_fragments[g][c], q_tile + (warp * T::kWarpRows + g * 16 + lane % 16) * T::kStride +
+                                             c * 16 + (lane / 16) * 8);
+        }
+      }
+    }
+
+    // S = Q K^T for this warp's rows and the tile's keys, in registers. 16-key pairs that
+    // lie wholly past N (only in the last tile) are skipped; the mask below zeroes them.
+    float s_acc[kRowGroups][T::kKeyTiles][4] = {};
+    if (warp_has_rows) {
+      for (int c = 0; c < T::kDChunks; ++c) {
+        for (int pair = 0; pair < T::kKeyTiles / 2; ++pair) {
+          if (pair * 16 >= tile_keys) continue;
+          uint32_t k_fragments[4];
+          ldmatrix_x4(k_fragments, k_tile + (pair * 16 + lane % 8 + (lane / 16) * 8) * T::kStride +
+                                       c * 16 + ((lane / 8) % 2) * 8);
+          for (int g = 0; g < kRowGroups; ++g) {
+            mma_16x8x16(s_acc[g][2 * pair], q_fragments[g][c], k_fragments[0], k_fragments[1]);
+            mma_16x8x16(s_acc[g][2 * pair + 1], q_fragments[g][c], k_fragments[2], k_fragments[3]);
+          }
+        }
+      }
+    }
+
+    // Prefetch the next K tile into the other stage (its last reader finished before the
+    // barrier above). An empty group is committed on the last tile to keep the count.
+    if (tile + 1 < kv_tiles) {
+      load_tile_async<kBlockN, kHeadDim, T::kStride, T::kThreads>(
+          k_tiles + ((tile + 1) % 2) * kBlockN * T::kStride, k + slice_offset, (tile + 1) * kBlockN, tokens);
+    }
+    cp_async_commit();
+
+    if (warp_has_rows) {
+      // Keys past N exist only in the last tile: give them a score of -inf, so p = 0.
+      if (tile_keys < kBlockN) {
+        for (int g = 0; g < kRowGroups; ++g) {
+          for (int n = 0; n < T::kKeyTiles; ++n) {
+            for (int e = 0; e < 4; ++e) {
+              if (n * 8 + 2 * quad_lane + e % 2 >= tile_keys) s_acc[g][n][e] = -INFINITY;
+            }
+          }
+        }
+      }
+
+      // BEGIN EXERCISE: the online softmax update for this tile
+      for (int r = 0; r < kRows; ++r) {  // row group r / 2; half r % 2: row `group` or `group + 8`
+        const int g = r / 2, half = r % 2;
+        float tile_max = row_max[r];
+        for (int n = 0; n < T::kKeyTiles; ++n) {
+          tile_max = fmaxf(tile_max, fmaxf(s_acc[g][n][2 * half], s_acc[g][n][2 * half + 1]));
+        }
+        tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));  // across the quad
+        tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
+        // exp(x - m) = 2^(x * log2(e) - m * log2(e)); the 1/sqrt(D) scale rides along.
+        const float max_scaled = tile_max * scale_log2;
+        const float correction = fast_exp2(row_max[r] * scale_log2 - max_scaled);  // 0 at first
+        row_max[r] = tile_max;
+        row_sum[r] *= correction;
+        for (int d = 0; d < T::kDTiles; ++d) {
+          o_acc[g][d][2 * half] *= correction;
+          o_acc[g][d][2 * half + 1] *= correction;
+        }
+        for (int n = 0; n < T::kKeyTiles; ++n) {
+          for (int e = 2 * half; e < 2 * half + 2; ++e) {
+            s_acc[g][n][e] = fast_exp2(fmaf(s_acc[g][n][e], scale_log2, -max_scaled));
+            row_sum[r] += s_acc[g][n][e];
+          }
+        }
+      }
+      // END EXERCISE
+    }
+
+    cp_async_wait<1>();  // V of this tile has landed (the next K may still be in flight)
+    __syncthreads();
+
+    // O += P V. The S accumulators of two neighbouring 8-key tiles are, packed to fp16,
+    // exactly the A fragment of a 16-key step: P goes from registers to the tensor cores.
+    if (warp_has_rows) {
+      for (int c = 0; c < T::kKeyChunks; ++c) {
+        if (c * 16 >= tile_keys) continue;
+        uint32_t p_fragments[kRowGroups][4];
+        for (int g = 0; g < kRowGroups; ++g) {
+          p_fragments[g][0] = pack_half2(s_acc[g][2 * c][0], s_acc[g][2 * c][1]);
+          p_fragments[g][1] = pack_half2(s_acc[g][2 * c][2], s_acc[g][2 * c][3]);
+          p_fragments[g][2] = pack_half2(s_acc[g][2 * c + 1][0], s_acc[g][2 * c + 1][1]);
+          p_fragments[g][3] = pack_half2(s_acc[g][2 * c + 1][2], s_acc[g][2 * c + 1][3]);
+        }
+        for (int pair = 0; pair < T::kDTiles / 2; ++pair) {
+          uint32_t v_fragments[4];
+          ldmatrix_x4_trans(v_fragments, v_tile + (c * 16 + lane % 8 + ((lane / 8) % 2) * 8) * T::kStride +
+                                             pair * 16 + (lane / 16) * 8);
+          for (int g = 0; g < kRowGroups; ++g) {
+            mma_16x8x16(o_acc[g][2 * pair], p_fragments[g], v_fragments[0], v_fragments[1]);
+            mma_16x8x16(o_acc[g][2 * pair + 1], p_fragments[g], v_fragments[2], v_fragments[3]);
+          }
+        }
+      }
+    }
+
+    if (tile + 1 < kv_tiles) {
+      load_tile_async<kBlockN, kHeadDim, T::kStride, T::kThreads>(
+          v_tiles + ((tile + 1) % 2) * kBlockN * T::kStride, v + slice_offset, (tile + 1) * kBlockN, tokens);
+    }
+    cp_async_commit();
+  }
+
+  // Normalise, stage this warp's rows in its own rows of the Q tile (only this warp read
+  // them), then store 16-byte chunks: consecutive lanes write consecutive addresses.
+  __half* o_stage = q_tile + warp * T::kWarpRows * T::kStride;
+  for (int r = 0; r < kRows; ++r) {
+    const int g = r / 2, half = r % 2;
+    float total = row_sum[r];
+    total += __shfl_xor_sync(0xffffffffu, total, 1);
+    total += __shfl_xor_sync(0xffffffffu, total, 2);
+    const float inverse = 1.0f / total;
+    for (int d = 0; d < T::kDTiles; ++d) {
+      *reinterpret_cast<__half2*>(o_stage + (g * 16 + group + 8 * half) * T::kStride + d * 8 + 2 * quad_lane) =
+          __floats2half2_rn(o_acc[g][d][2 * half] * inverse, o_acc[g][d][2 * half + 1] * inverse);
+    }
+  }
+  __syncwarp();
+  constexpr int kChunksPerRow = kHeadDim / 8;
+  for (int chunk = lane; chunk < T::kWarpRows * kChunksPerRow; chunk += 32) {
+    const int r = chunk / kChunksPerRow, column = (chunk % kChunksPerRow) * 8;
+    const int row = warp_row0 + r;
+    if (row < tokens) {
+      *reinterpret_cast<uint4*>(o + slice_offset + int64_t(row) * kHeadDim + column) =
+          *reinterpret_cast<const uint4*>(o_stage + r * T::kStride + column);
+    }
+  }
+}
+
+// ---- Launch ---------------------------------------------------------------------------------
+
+template <int kHeadDim, int kWarps, int kRowGroups, int kBlockN>
+void launch_flash_for(const attn::AttentionArgs& args) {
+  using T = Tiles<kHeadDim, kWarps, kRowGroups, kBlockN>;
+  auto kernel = flash_attention_kernel<kHeadDim, kWarps, kRowGroups, kBlockN>;
+  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  int(T::kSharedBytes)));
+  const int row_tiles = (args.tokens + T::kBlockM - 1) / T::kBlockM;
+  const int64_t blocks = int64_t(row_tiles) * args.batch * args.heads;
+  const float scale_log2 = float(M_LOG2E / std::sqrt(double(kHeadDim)));
+  kernel<<<unsigned(blocks), T::kThreads, T::kSharedBytes, args.stream>>>(
+      args.q, args.k, args.v, args.o, args.tokens, row_tiles, scale_log2);
+  CUDA_CHECK_LAUNCH();
+}
+
+void launch_flash(const attn::AttentionArgs& args) {
+  switch (args.head_dim) {
+    case 32: return launch_flash_for<32, 4, 1, 64>(args);
+    case 64: return launch_flash_for<64, 4, 1, 64>(args);
+    case 80: return launch_flash_for<80, 4, 1, 64>(args);
+    case 128: return launch_flash_for<128, 4, 1, 64>(args);
+  }
+}
+
+}  // namespace
+
+ATTN_REGISTER_STEP(attn::StepInfo{ATTN_STEP_ID,
+                                  "flash: online softmax, K/V streamed, P kept in registers",
+                                  {32, 64, 80, 128}, 0, launch_flash})
