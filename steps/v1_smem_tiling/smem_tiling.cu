@@ -1,0 +1,202 @@
+// Step v1: shared-memory tiling. A block owns kQueryRows = 16 query rows of one (b, h) slice.
+//
+// What changed from v0: v0 fetched every K and V element from global memory once per output
+// element that needs it. Here a block stages its Q rows once, then walks K in tiles of
+// kKeyTile = 64 rows through shared memory: every K element fetched from global memory is
+// reused by all 16 query rows of the block, and each score is computed once (not 2*D times).
+// The block's 256 threads are laid out 16 x 16: threadIdx.y is the query row, the 16 threads
+// of a row (threadIdx.x) split its keys and, later, its output columns. The scaled scores of
+// the whole row stay on chip (fp32, shared memory), where the row's 16 threads take the
+// softmax with shuffle reductions; then V is staged the same way and each thread accumulates
+// 4 output columns of its row over all keys.
+//
+// The global loads are the straightforward ones: each thread copies whole rows element by
+// element, so neighbouring threads read addresses kHeadDim halves (128 bytes) apart. v2 fixes
+// that.
+//
+// Limit: head dim 64 only, and N <= kMaxTokens (2432): a block holds 16 full rows of fp32
+// scores, 64*N_padded bytes plus 10 KB of tiles, within the 163 KB of shared memory a block
+// may opt into on sm_80 (sm_90 allows 227 KB).
+#include <cuda_fp16.h>
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+
+#include "cuda_check.hpp"
+#include "step.hpp"
+
+namespace {
+
+constexpr int kHeadDim = 64;
+constexpr int kQueryRows = 16;      // query rows per block
+constexpr int kThreadsPerRow = 16;  // threads sharing one query row
+constexpr int kThreads = kQueryRows * kThreadsPerRow;
+constexpr int kKeyTile = 64;  // K and V rows staged in shared memory at a time
+constexpr std::size_t kSharedBudget = 166912;  // sm_80 opt-in limit per block (163 KB)
+
+__host__ __device__ constexpr int padded_tokens(int tokens) {
+  return (tokens + kKeyTile - 1) / kKeyTile * kKeyTile;
+}
+
+__host__ __device__ constexpr std::size_t round_up_128(std::size_t bytes) {
+  return (bytes + 127) / 128 * 128;
+}
+
+// Byte offsets of the buffers carved from the block's dynamic shared memory.
+struct SharedLayout {
+  std::size_t q_tile, kv_tile, scores, total;
+};
+
+__host__ __device__ constexpr SharedLayout shared_layout(int n_padded) {
+  SharedLayout layout{};
+  layout.q_tile = 0;
+  layout.kv_tile = round_up_128(layout.q_tile + kQueryRows * kHeadDim * sizeof(__half));
+  layout.scores = round_up_128(layout.kv_tile + kKeyTile * kHeadDim * sizeof(__half));
+  layout.total = layout.scores + std::size_t(kQueryRows) * n_padded * sizeof(float);
+  return layout;
+}
+
+// The largest N (a whole number of key tiles) whose buffers fit the shared-memory budget.
+constexpr int max_tokens_within(std::size_t budget) {
+  int tokens = 0;
+  while (shared_layout(tokens + kKeyTile).total <= budget) tokens += kKeyTile;
+  return tokens;
+}
+
+constexpr int kMaxTokens = max_tokens_within(kSharedBudget);
+static_assert(kMaxTokens >= 1025, "the ViT shapes (N up to 1025) must fit");
+
+// Copies rows [first_row, first_row + rows) of a [tokens, kHeadDim] slice into a tile,
+// zero-filling rows past the end. Each of the first `rows` threads copies one whole row.
+__device__ void load_tile(__half* tile, const __half* slice, int first_row, int rows,
+                          int tokens) {
+  const int tid = threadIdx.y * kThreadsPerRow + threadIdx.x;
+  if (tid >= rows) return;
+  const int row = first_row + tid;
+  for (int d = 0; d < kHeadDim; ++d) {
+    tile[tid * kHeadDim + d] = row < tokens ? slice[row * kHeadDim + d] : __float2half(0.0f);
+  }
+}
+
+// Copies the tile's rows that lie inside the slice back to it, one whole row per thread.
+__device__ void store_tile(__half* slice, const __half* tile, int first_row, int rows,
+                           int tokens) {
+  const int tid = threadIdx.y * kThreadsPerRow + threadIdx.x;
+  if (tid >= rows || first_row + tid >= tokens) return;
+  for (int d = 0; d < kHeadDim; ++d) {
+    slice[(first_row + tid) * kHeadDim + d] = tile[tid * kHeadDim + d];
+  }
+}
+
+// Reductions over the 16 threads of one query row: half a warp, hence width 16.
+__device__ float row_threads_max(float value) {
+  for (int offset = kThreadsPerRow / 2; offset > 0; offset /= 2) {
+    value = fmaxf(value, __shfl_xor_sync(0xffffffffu, value, offset, kThreadsPerRow));
+  }
+  return value;
+}
+
+__device__ float row_threads_sum(float value) {
+  for (int offset = kThreadsPerRow / 2; offset > 0; offset /= 2) {
+    value += __shfl_xor_sync(0xffffffffu, value, offset, kThreadsPerRow);
+  }
+  return value;
+}
+
+// grid = (query-row tiles, batch*heads), block = (kThreadsPerRow, kQueryRows).
+__global__ void __launch_bounds__(kThreads)
+    smem_tiling_attention_kernel(const __half* q, const __half* k, const __half* v, __half* o,
+                                 int tokens, float scale) {
+  const int n_padded = padded_tokens(tokens);
+  const SharedLayout layout = shared_layout(n_padded);
+  extern __shared__ __align__(128) unsigned char shared[];
+  __half* q_tile = reinterpret_cast<__half*>(shared + layout.q_tile);    // [kQueryRows][kHeadDim]
+  __half* kv_tile = reinterpret_cast<__half*>(shared + layout.kv_tile);  // [kKeyTile][kHeadDim]
+  float* scores = reinterpret_cast<float*>(shared + layout.scores);      // [kQueryRows][n_padded]
+
+  const int column = threadIdx.x;  // this thread's share of its row: keys and output columns
+  const int row = threadIdx.y;     // the query row within the tile
+  const int first_row = blockIdx.x * kQueryRows;
+  const int64_t slice_offset = int64_t(blockIdx.y) * tokens * kHeadDim;
+  q += slice_offset;
+  k += slice_offset;
+  v += slice_offset;
+  o += slice_offset;
+  float* score_row = scores + row * n_padded;
+
+  load_tile(q_tile, q, first_row, kQueryRows, tokens);
+
+  // Scores: thread (row, column) takes keys column, column + 16, ... of every K tile. Keys past
+  // the end meet zero-filled K rows, so their scores are finite; the softmax skips them.
+  // BEGIN EXERCISE: stage K tile by tile in shared memory; compute this thread's scores from it
+  for (int key_start = 0; key_start < tokens; key_start += kKeyTile) {
+    __syncthreads();  // the previous K tile has been read by every thread
+    load_tile(kv_tile, k, key_start, kKeyTile, tokens);
+    __syncthreads();  // the K tile (and, the first time, the Q tile) is complete
+    for (int j = column; j < kKeyTile; j += kThreadsPerRow) {
+      float dot = 0.0f;
+      for (int d = 0; d < kHeadDim; ++d) {
+        dot += __half2float(q_tile[row * kHeadDim + d]) * __half2float(kv_tile[j * kHeadDim + d]);
+      }
+      score_row[key_start + j] = scale * dot;
+    }
+  }
+  // END EXERCISE
+
+  // Softmax of the row, stably: each thread reads back the very scores it wrote, so only the
+  // reductions cross threads. Padded keys get p = 0.
+  float row_max = -INFINITY;
+  for (int j = column; j < tokens; j += kThreadsPerRow) row_max = fmaxf(row_max, score_row[j]);
+  row_max = row_threads_max(row_max);
+  float row_sum = 0.0f;
+  for (int j = column; j < n_padded; j += kThreadsPerRow) {
+    const float p = j < tokens ? expf(score_row[j] - row_max) : 0.0f;
+    score_row[j] = p;
+    row_sum += p;
+  }
+  row_sum = row_threads_sum(row_sum);
+
+  // O = P V: thread (row, column) accumulates o[row][column + 16 c], c = 0..3. Padded keys have
+  // p = 0 and zero-filled V rows.
+  float acc[kHeadDim / kThreadsPerRow] = {};
+  for (int key_start = 0; key_start < tokens; key_start += kKeyTile) {
+    __syncthreads();  // the K (or previous V) tile has been read, every p is written
+    load_tile(kv_tile, v, key_start, kKeyTile, tokens);
+    __syncthreads();
+    for (int j = 0; j < kKeyTile; ++j) {
+      const float p = score_row[key_start + j];
+#pragma unroll
+      for (int c = 0; c < kHeadDim / kThreadsPerRow; ++c) {
+        acc[c] += p * __half2float(kv_tile[j * kHeadDim + column + c * kThreadsPerRow]);
+      }
+    }
+  }
+
+  // O leaves the way Q came in: through shared memory (the Q tile, no longer needed).
+  __half* o_tile = q_tile;
+#pragma unroll
+  for (int c = 0; c < kHeadDim / kThreadsPerRow; ++c) {
+    o_tile[row * kHeadDim + column + c * kThreadsPerRow] = __float2half(acc[c] / row_sum);
+  }
+  __syncthreads();
+  store_tile(o, o_tile, first_row, kQueryRows, tokens);
+}
+
+void launch_smem_tiling(const attn::AttentionArgs& args) {
+  const std::size_t shared_bytes = shared_layout(padded_tokens(args.tokens)).total;
+  CUDA_CHECK(cudaFuncSetAttribute(smem_tiling_attention_kernel,
+                                  cudaFuncAttributeMaxDynamicSharedMemorySize, int(shared_bytes)));
+  const dim3 grid(unsigned((args.tokens + kQueryRows - 1) / kQueryRows),
+                  unsigned(args.batch) * unsigned(args.heads));
+  const dim3 block(kThreadsPerRow, kQueryRows);
+  const float scale = 1.0f / std::sqrt(float(kHeadDim));
+  smem_tiling_attention_kernel<<<grid, block, shared_bytes, args.stream>>>(
+      args.q, args.k, args.v, args.o, args.tokens, scale);
+  CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+ATTN_REGISTER_STEP(attn::StepInfo{ATTN_STEP_ID, "shared-memory tiling: 16 query rows per block",
+                                  {64}, kMaxTokens, launch_smem_tiling})
