@@ -69,7 +69,7 @@ std::string step_usage(const std::string& program) {
   return "usage: " + program +
          " [--tokens N | --image PX [--patch P]] [--batch B] [--heads H] [--head-dim D]\n"
          "       [--iters I] [--warmup W] [--seed S] [--check sample|full|none]\n"
-         "       [--format text|json|csv] [--device K]\n"
+         "       [--format text|json|csv] [--device K] [--no-ceilings]\n"
          "\n"
          "Runs one attention step, O = softmax(Q K^T / sqrt(D)) V on fp16 [B, H, N, D] tensors,\n"
          "checks it against the fp64 CPU reference and reports its time.\n"
@@ -86,6 +86,8 @@ std::string step_usage(const std::string& program) {
          "                   full (every slice) or none\n"
          "  --format F       text (default), json or csv\n"
          "  --device K       CUDA device index (default 0)\n"
+         "  --no-ceilings    do not measure the GPU's copy bandwidth and tensor-core rate\n"
+         "                   (for compute-sanitizer and ncu runs: only the step's kernel runs)\n"
          "Exit codes: 0 passed, 1 check failed, 2 usage error, 3 CUDA or runtime error.\n";
 }
 
@@ -96,6 +98,10 @@ StepOptions parse_step_options(int argc, const char* const* argv) {
     const std::string flag = argv[i];
     if (flag == "-h" || flag == "--help") {
       options.help = true;
+      continue;
+    }
+    if (flag == "--no-ceilings") {
+      options.measure_ceilings = false;
       continue;
     }
     if (flag.rfind("--", 0) != 0) throw UsageError("unexpected argument '" + flag + "'");

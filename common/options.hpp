@@ -27,6 +27,7 @@ struct StepOptions {
   CheckMode check = CheckMode::sample;
   Format format = Format::text;
   int device = 0;
+  bool measure_ceilings = true;  // --no-ceilings: skip them (sanitizer and profiler runs)
   bool help = false;
 };
 

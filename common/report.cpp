@@ -80,12 +80,18 @@ void print_text(std::ostream& out, const Record& r) {
         << r.timing.iters << " timed runs after " << r.timing.warmup << " warm-up, "
         << r.timing.buffer_sets << " rotating buffer set" << (r.timing.buffer_sets > 1 ? "s" : "")
         << ")\n";
-    out << "rate     " << format("%.2f", r.tflops()) << " TFLOP/s = "
-        << format("%.1f", 100 * r.fraction_of_tensor_peak()) << "% of the measured fp16 tensor peak ("
-        << format("%.0f", r.ceilings.tensor_tflops) << " TFLOP/s)\n";
-    out << "traffic  " << format("%.1f", r.gbps()) << " GB/s on the fewest bytes = "
-        << format("%.1f", 100 * r.fraction_of_bandwidth()) << "% of the measured copy bandwidth ("
-        << format("%.0f", r.ceilings.copy_gbps) << " GB/s)\n";
+    if (r.ceilings.tensor_tflops > 0) {
+      out << "rate     " << format("%.2f", r.tflops()) << " TFLOP/s = "
+          << format("%.1f", 100 * r.fraction_of_tensor_peak())
+          << "% of the measured fp16 tensor peak (" << format("%.0f", r.ceilings.tensor_tflops)
+          << " TFLOP/s)\n";
+      out << "traffic  " << format("%.1f", r.gbps()) << " GB/s on the fewest bytes = "
+          << format("%.1f", 100 * r.fraction_of_bandwidth()) << "% of the measured copy bandwidth ("
+          << format("%.0f", r.ceilings.copy_gbps) << " GB/s)\n";
+    } else {
+      out << "rate     " << format("%.2f", r.tflops()) << " TFLOP/s, " << format("%.1f", r.gbps())
+          << " GB/s on the fewest bytes (ceilings not measured: --no-ceilings)\n";
+    }
   }
   const CheckResult& c = r.check;
   if (!c.checked) {

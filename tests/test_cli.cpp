@@ -58,7 +58,7 @@ TEST_SUITE("cli") {
     const attn::StepOptions o = parse({"--tokens", "65", "--batch", "2", "--heads", "3",
                                        "--head-dim", "32", "--iters", "7", "--warmup", "0",
                                        "--seed", "99", "--check", "full", "--format", "csv",
-                                       "--device", "1"});
+                                       "--device", "1", "--no-ceilings"});
     CHECK(o.shape.tokens == 65);
     CHECK(o.shape.batch == 2);
     CHECK(o.shape.heads == 3);
@@ -69,6 +69,8 @@ TEST_SUITE("cli") {
     CHECK(o.check == attn::CheckMode::full);
     CHECK(o.format == attn::Format::csv);
     CHECK(o.device == 1);
+    CHECK_FALSE(o.measure_ceilings);
+    CHECK(parse({}).measure_ceilings);
   }
 
   TEST_CASE("bad input: exit 2, one line on stderr naming the flag") {

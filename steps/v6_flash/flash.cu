@@ -134,9 +134,6 @@ __global__ void __launch_bounds__(32 * kWarps)
   const int group = lane / 4, quad_lane = lane % 4;
   const int warp_row0 = row0 + warp * T::kWarpRows;
   const int kv_tiles = (tokens + kBlockN - 1) / kBlockN;
-  // In the last row tile some warps may hold no real query row: they still load and wait
-  // with the block, but skip the arithmetic.
-  const bool warp_has_rows = warp_row0 < tokens;
 
   // Q and the first K tile in one group, the first V tile in the next.
   load_tile_async<T::kBlockM, kHeadDim, T::kStride, T::kThreads>(q_tile, q + slice_offset, row0, tokens);
@@ -170,20 +167,18 @@ __global__ void __launch_bounds__(32 * kWarps)
       }
     }
 
-    // S = Q K^T for this warp's rows and the tile's keys, in registers. 16-key pairs that
-    // lie wholly past N (only in the last tile) are skipped; the mask below zeroes them.
+    // S = Q K^T for this warp's rows and the tile's keys, in registers. Every tile runs the
+    // full, branch-free loop, the last one too (see the chapter: skipping the empty part of
+    // the last tile measured slower, because the branches break the MMA pipelining).
     float s_acc[kRowGroups][T::kKeyTiles][4] = {};
-    if (warp_has_rows) {
-      for (int c = 0; c < T::kDChunks; ++c) {
-        for (int pair = 0; pair < T::kKeyTiles / 2; ++pair) {
-          if (pair * 16 >= tile_keys) continue;
-          uint32_t k_fragments[4];
-          ldmatrix_x4(k_fragments, k_tile + (pair * 16 + lane % 8 + (lane / 16) * 8) * T::kStride +
-                                       c * 16 + ((lane / 8) % 2) * 8);
-          for (int g = 0; g < kRowGroups; ++g) {
-            mma_16x8x16(s_acc[g][2 * pair], q_fragments[g][c], k_fragments[0], k_fragments[1]);
-            mma_16x8x16(s_acc[g][2 * pair + 1], q_fragments[g][c], k_fragments[2], k_fragments[3]);
-          }
+    for (int c = 0; c < T::kDChunks; ++c) {
+      for (int pair = 0; pair < T::kKeyTiles / 2; ++pair) {
+        uint32_t k_fragments[4];
+        ldmatrix_x4(k_fragments, k_tile + (pair * 16 + lane % 8 + (lane / 16) * 8) * T::kStride +
+                                     c * 16 + ((lane / 8) % 2) * 8);
+        for (int g = 0; g < kRowGroups; ++g) {
+          mma_16x8x16(s_acc[g][2 * pair], q_fragments[g][c], k_fragments[0], k_fragments[1]);
+          mma_16x8x16(s_acc[g][2 * pair + 1], q_fragments[g][c], k_fragments[2], k_fragments[3]);
         }
       }
     }
@@ -196,69 +191,64 @@ __global__ void __launch_bounds__(32 * kWarps)
     }
     cp_async_commit();
 
-    if (warp_has_rows) {
-      // Keys past N exist only in the last tile: give them a score of -inf, so p = 0.
-      if (tile_keys < kBlockN) {
-        for (int g = 0; g < kRowGroups; ++g) {
-          for (int n = 0; n < T::kKeyTiles; ++n) {
-            for (int e = 0; e < 4; ++e) {
-              if (n * 8 + 2 * quad_lane + e % 2 >= tile_keys) s_acc[g][n][e] = -INFINITY;
-            }
+    // Keys past N exist only in the last tile: give them a score of -inf, so p = 0.
+    if (tile_keys < kBlockN) {
+      for (int g = 0; g < kRowGroups; ++g) {
+        for (int n = 0; n < T::kKeyTiles; ++n) {
+          for (int e = 0; e < 4; ++e) {
+            if (n * 8 + 2 * quad_lane + e % 2 >= tile_keys) s_acc[g][n][e] = -INFINITY;
           }
         }
       }
-
-      // BEGIN EXERCISE: the online softmax update for this tile
-      for (int r = 0; r < kRows; ++r) {  // row group r / 2; half r % 2: row `group` or `group + 8`
-        const int g = r / 2, half = r % 2;
-        float tile_max = row_max[r];
-        for (int n = 0; n < T::kKeyTiles; ++n) {
-          tile_max = fmaxf(tile_max, fmaxf(s_acc[g][n][2 * half], s_acc[g][n][2 * half + 1]));
-        }
-        tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));  // across the quad
-        tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
-        // exp(x - m) = 2^(x * log2(e) - m * log2(e)); the 1/sqrt(D) scale rides along.
-        const float max_scaled = tile_max * scale_log2;
-        const float correction = fast_exp2(row_max[r] * scale_log2 - max_scaled);  // 0 at first
-        row_max[r] = tile_max;
-        row_sum[r] *= correction;
-        for (int d = 0; d < T::kDTiles; ++d) {
-          o_acc[g][d][2 * half] *= correction;
-          o_acc[g][d][2 * half + 1] *= correction;
-        }
-        for (int n = 0; n < T::kKeyTiles; ++n) {
-          for (int e = 2 * half; e < 2 * half + 2; ++e) {
-            s_acc[g][n][e] = fast_exp2(fmaf(s_acc[g][n][e], scale_log2, -max_scaled));
-            row_sum[r] += s_acc[g][n][e];
-          }
-        }
-      }
-      // END EXERCISE
     }
+
+    // BEGIN EXERCISE: the online softmax update for this tile
+    for (int r = 0; r < kRows; ++r) {  // row group r / 2; half r % 2: row `group` or `group + 8`
+      const int g = r / 2, half = r % 2;
+      float tile_max = row_max[r];
+      for (int n = 0; n < T::kKeyTiles; ++n) {
+        tile_max = fmaxf(tile_max, fmaxf(s_acc[g][n][2 * half], s_acc[g][n][2 * half + 1]));
+      }
+      tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));  // across the quad
+      tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
+      // exp(x - m) = 2^(x * log2(e) - m * log2(e)); the 1/sqrt(D) scale rides along.
+      const float max_scaled = tile_max * scale_log2;
+      const float correction = fast_exp2(row_max[r] * scale_log2 - max_scaled);  // 0 at first
+      row_max[r] = tile_max;
+      row_sum[r] *= correction;
+      for (int d = 0; d < T::kDTiles; ++d) {
+        o_acc[g][d][2 * half] *= correction;
+        o_acc[g][d][2 * half + 1] *= correction;
+      }
+      for (int n = 0; n < T::kKeyTiles; ++n) {
+        for (int e = 2 * half; e < 2 * half + 2; ++e) {
+          s_acc[g][n][e] = fast_exp2(fmaf(s_acc[g][n][e], scale_log2, -max_scaled));
+          row_sum[r] += s_acc[g][n][e];
+        }
+      }
+    }
+    // END EXERCISE
 
     cp_async_wait<1>();  // V of this tile has landed (the next K may still be in flight)
     __syncthreads();
 
     // O += P V. The S accumulators of two neighbouring 8-key tiles are, packed to fp16,
     // exactly the A fragment of a 16-key step: P goes from registers to the tensor cores.
-    if (warp_has_rows) {
-      for (int c = 0; c < T::kKeyChunks; ++c) {
-        if (c * 16 >= tile_keys) continue;
-        uint32_t p_fragments[kRowGroups][4];
+    for (int c = 0; c < T::kKeyChunks; ++c) {
+      uint32_t p_fragments[kRowGroups][4];
+      for (int g = 0; g < kRowGroups; ++g) {
+        p_fragments[g][0] = pack_half2(s_acc[g][2 * c][0], s_acc[g][2 * c][1]);
+        p_fragments[g][1] = pack_half2(s_acc[g][2 * c][2], s_acc[g][2 * c][3]);
+        p_fragments[g][2] = pack_half2(s_acc[g][2 * c + 1][0], s_acc[g][2 * c + 1][1]);
+        p_fragments[g][3] = pack_half2(s_acc[g][2 * c + 1][2], s_acc[g][2 * c + 1][3]);
+      }
+      for (int pair = 0; pair < T::kDTiles / 2; ++pair) {
+        uint32_t v_fragments[4];
+        ldmatrix_x4_trans(v_fragments, v_tile + (c * 16 + lane % 8 + ((lane / 8) % 2) * 8) * T::kStride +
+                                           pair * 16 + (lane / 16) * 8);
         for (int g = 0; g < kRowGroups; ++g) {
-          p_fragments[g][0] = pack_half2(s_acc[g][2 * c][0], s_acc[g][2 * c][1]);
-          p_fragments[g][1] = pack_half2(s_acc[g][2 * c][2], s_acc[g][2 * c][3]);
-          p_fragments[g][2] = pack_half2(s_acc[g][2 * c + 1][0], s_acc[g][2 * c + 1][1]);
-          p_fragments[g][3] = pack_half2(s_acc[g][2 * c + 1][2], s_acc[g][2 * c + 1][3]);
-        }
-        for (int pair = 0; pair < T::kDTiles / 2; ++pair) {
-          uint32_t v_fragments[4];
-          ldmatrix_x4_trans(v_fragments, v_tile + (c * 16 + lane % 8 + ((lane / 8) % 2) * 8) * T::kStride +
-                                             pair * 16 + (lane / 16) * 8);
-          for (int g = 0; g < kRowGroups; ++g) {
-            mma_16x8x16(o_acc[g][2 * pair], p_fragments[g], v_fragments[0], v_fragments[1]);
-            mma_16x8x16(o_acc[g][2 * pair + 1], p_fragments[g], v_fragments[2], v_fragments[3]);
-          }
+          mma_16x8x16(o_acc[g][2 * pair], p_fragments[g], v_fragments[0], v_fragments[1]);
+          mma_16x8x16(o_acc[g][2 * pair + 1], p_fragments[g], v_fragments[2], v_fragments[3]);
         }
       }
     }
@@ -314,8 +304,10 @@ void launch_flash_for(const attn::AttentionArgs& args) {
 
 void launch_flash(const attn::AttentionArgs& args) {
   switch (args.head_dim) {
-    case 32: return launch_flash_for<32, 4, 1, 64>(args);
-    case 64: return launch_flash_for<64, 4, 1, 64>(args);
+    // 4 warps of 32 rows (128-row tiles) measured fastest at D = 64 on the H100 (chapter 7).
+    // At D = 80 and 128 two row groups spill past 255 registers, so 16 rows per warp there.
+    case 32: return launch_flash_for<32, 4, 2, 64>(args);
+    case 64: return launch_flash_for<64, 4, 2, 64>(args);
     case 80: return launch_flash_for<80, 4, 1, 64>(args);
     case 128: return launch_flash_for<128, 4, 1, 64>(args);
   }
