@@ -1,5 +1,6 @@
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <utility>
 
 #include "cuda_check.hpp"
@@ -43,9 +44,25 @@ class Event {
   cudaEvent_t event_ = nullptr;
 };
 
+// Holds the stream for `nanoseconds` on one thread. Enqueued before the timed runs, it keeps
+// the GPU busy while the host queues them all, so each run starts the moment the previous one
+// ends: without it a short kernel's start event can fire while the host is still submitting
+// the launch, and the submission time is counted as kernel time.
+__global__ void hold_stream(uint64_t nanoseconds) {
+  uint64_t start = 0, now = 0;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+  do {
+    __nanosleep(1000);
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+  } while (now - start < nanoseconds);
+}
+
 std::vector<double> timed_runs(const std::function<void(int)>& launch, cudaStream_t stream,
                                int first, int count) {
   std::vector<Event> starts(count), stops(count);
+  constexpr uint64_t kHoldPerRunNs = 20000, kMaxHoldNs = 50000000;  // 20 us a run, at most 50 ms
+  hold_stream<<<1, 1, 0, stream>>>(std::min(kMaxHoldNs, kHoldPerRunNs * uint64_t(count)));
+  CUDA_CHECK_LAUNCH();
   for (int i = 0; i < count; ++i) {
     CUDA_CHECK(cudaEventRecord(starts[i].get(), stream));
     launch(first + i);
