@@ -30,6 +30,7 @@ __global__ void naive_attention_kernel(const __half* q, const __half* k, const _
   const __half* k_slice = k + slice_offset;
   const __half* v_slice = v + slice_offset;
 
+  // BEGIN EXERCISE: o[index] = softmax(q_row . K^T * scale) . V[:, column], stable, in fp32
   auto score = [&](int j) {
     float dot = 0.0f;
     for (int c = 0; c < head_dim; ++c) {
@@ -48,6 +49,7 @@ __global__ void naive_attention_kernel(const __half* q, const __half* k, const _
     weighted += p * __half2float(v_slice[int64_t(j) * head_dim + column]);
   }
   o[index] = __float2half(weighted / row_sum);
+  // END EXERCISE
 }
 
 void launch_naive(const attn::AttentionArgs& args) {

@@ -1,0 +1,202 @@
+#!/usr/bin/env bash
+# Grades steps with the project's own test suite, the way a course grades a student's kernel.
+#
+#   scripts/grade.sh [options] [STEP ...]        STEP: 3 or v3; default: every steps/vN_*/
+#
+# For each step: configures and builds in its own build folder, runs `ctest -L stepN`, runs
+# compute-sanitizer memcheck and racecheck on stepN at a small tail shape, and, when the step
+# is built from a student's file, times it against the shipped solution at N = 577 (bench,
+# ratio of medians). Prints a table and writes a JSON report in Gradescope's results.json
+# form (docs/grading.md gives its schema). Without a usable GPU the GPU parts are reported as
+# skipped and score nothing.
+#
+# Options:
+#   -DSTEP<N>_SOURCE=FILE  grade FILE as step N. The environment variable STEP<N>_SOURCE does
+#                          the same; the option wins. Steps given no source are built from
+#                          the shipped solution (a source left in the build folder by an
+#                          earlier run is cleared).
+#   --build-dir DIR        where to configure and build (default: build-grade/ in the repo)
+#   --json FILE            where to write the report (default: DIR/results.json)
+#   --no-build             grade DIR as it was configured and built, sources included: for a
+#                          build made on one machine and run on another
+#   -h, --help             this text
+# Environment: STEP<N>_SOURCE (above); COMPUTE_SANITIZER, the compute-sanitizer to use
+# (default: PATH, then $CUDA_HOME/bin, /usr/local/cuda/bin, /opt/cuda/bin).
+#
+# Exit codes: 0 every part ran and passed; 1 graded, and something failed (a test, the
+# sanitizer, a file that does not compile); 2 usage error; 3 could not grade (configure
+# failed, a tool is missing); 4 nothing failed, but parts were skipped (no GPU, or no
+# compute-sanitizer): not a full pass.
+set -euo pipefail
+
+repo_root="$(cd "$(dirname "$0")/.." && pwd)"
+usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; }
+fail_usage() { echo "grade.sh: $1 (try --help)" >&2; exit 2; }
+fail_runtime() { echo "grade.sh: $1" >&2; exit 3; }
+say() { echo "grade.sh: $*" >&2; }
+
+# The small tail shape of the sanitizer runs (65 = 64 + 1: the last tile is partial for every
+# power-of-two tile size); --no-ceilings leaves the step's kernels the only ones that run, so
+# the sanitizer checks all of them and nothing else. The speed comparison runs at N = 577.
+sanitizer_arguments=(--tokens 65 --batch 2 --heads 3 --iters 1 --warmup 0 --check full --no-ceilings)
+sanitizer_timeout_s=1800
+speed_tokens=577
+
+# Every step the repository has, as CMake finds them: steps/vN_<idea>/.
+available_steps=()
+for folder in "$repo_root"/steps/v[0-9]*_*/; do
+  name="$(basename "$folder")"
+  [[ "$name" =~ ^v([0-9]+)_ ]] && available_steps+=("${BASH_REMATCH[1]}")
+done
+[ "${#available_steps[@]}" -gt 0 ] || fail_runtime "no steps/vN_*/ folders in $repo_root"
+mapfile -t available_steps < <(printf '%s\n' "${available_steps[@]}" | sort -n)
+is_step() { printf '%s\n' "${available_steps[@]}" | grep -qx "$1"; }
+
+build_dir="$repo_root/build-grade"
+json_path=""
+no_build=0
+declare -A source_option=()  # step number -> file given with -DSTEP<N>_SOURCE=
+steps=()
+while [ "$#" -gt 0 ]; do
+  case "$1" in
+    -h|--help) usage; exit 0 ;;
+    --build-dir) [ "$#" -ge 2 ] || fail_usage "--build-dir: missing value"; build_dir="$2"; shift ;;
+    --json) [ "$#" -ge 2 ] || fail_usage "--json: missing value"; json_path="$2"; shift ;;
+    --no-build) no_build=1 ;;
+    -DSTEP*_SOURCE=*)
+      [[ "$1" =~ ^-DSTEP([0-9]+)_SOURCE=(.*)$ ]] || fail_usage "'$1': expected -DSTEP<N>_SOURCE=FILE"
+      is_step "${BASH_REMATCH[1]}" || fail_usage "-DSTEP${BASH_REMATCH[1]}_SOURCE: there is no step ${BASH_REMATCH[1]}"
+      source_option["${BASH_REMATCH[1]}"]="${BASH_REMATCH[2]}" ;;
+    -*) fail_usage "unknown option '$1'" ;;
+    *)
+      step="${1#v}"
+      [[ "$step" =~ ^[0-9]+$ ]] || fail_usage "'$1' is not a step number"
+      is_step "$step" || fail_usage "no step $step (steps: ${available_steps[*]})"
+      steps+=("$step") ;;
+  esac
+  shift
+done
+[ "${#steps[@]}" -gt 0 ] || steps=("${available_steps[@]}")
+command -v python3 >/dev/null || fail_runtime "python3 not found; it writes the report (scripts/setup.sh installs it)"
+command -v ctest >/dev/null || fail_runtime "ctest not found; install CMake (scripts/setup.sh)"
+
+# The source each step is built from: read back from the build folder, or given here. Every
+# input is checked before anything is written.
+declare -A step_source=()
+if [ "$no_build" = 1 ]; then
+  [ "${#source_option[@]}" -eq 0 ] || fail_usage "--no-build grades DIR as configured; -DSTEP<N>_SOURCE needs a build"
+  cache="$build_dir/CMakeCache.txt"
+  [ -f "$cache" ] || fail_usage "--no-build: '$build_dir' holds no configured build (no CMakeCache.txt)"
+  for step in "${available_steps[@]}"; do
+    step_source[$step]="$(sed -n "s/^STEP${step}_SOURCE:[A-Z]*=//p" "$cache")"
+  done
+  for program in gpu_tests bench "${steps[@]/#/step}"; do
+    [ -x "$build_dir/$program" ] || fail_runtime "--no-build: $build_dir has no $program; build it first"
+  done
+else
+  configure_arguments=()
+  for step in "${available_steps[@]}"; do
+    environment_name="STEP${step}_SOURCE"
+    file="${source_option[$step]:-${!environment_name:-}}"
+    if [ -n "$file" ]; then
+      [ -f "$file" ] || fail_usage "STEP${step}_SOURCE: no such file '$file'"
+      file="$(cd "$(dirname "$file")" && pwd)/$(basename "$file")"
+    fi
+    step_source[$step]="$file"
+    configure_arguments+=("-DSTEP${step}_SOURCE=$file")
+  done
+  mkdir -p "$build_dir"
+fi
+build_dir="$(cd "$build_dir" && pwd)"
+[ -n "$json_path" ] || json_path="$build_dir/results.json"
+work_dir="$build_dir/grading"  # raw results of this run, read by grade_report.py
+rm -rf "$work_dir"
+mkdir -p "$work_dir"
+
+if [ "$no_build" = 0 ]; then
+  say "configuring $build_dir"
+  cmake -S "$repo_root" -B "$build_dir" -DBUILD_TESTING=ON "${configure_arguments[@]}" \
+      > "$work_dir/build.log" 2>&1 ||
+    fail_runtime "configure failed; see $work_dir/build.log"
+  targets=(gpu_tests bench)
+  for step in "${steps[@]}"; do
+    targets+=("step$step")
+    [ -z "${step_source[$step]}" ] || targets+=("step${step}_ref")
+  done
+  say "building ${targets[*]}"
+  if ! cmake --build "$build_dir" -j "$(nproc)" --target "${targets[@]}" >> "$work_dir/build.log" 2>&1; then
+    say "the build failed; see $work_dir/build.log"
+    touch "$work_dir/build.failed"
+  fi
+fi
+for step in "${steps[@]}"; do
+  printf '%s' "${step_source[$step]}" > "$work_dir/step$step.source"
+done
+
+# A usable GPU: nvidia-smi sees one, and the CUDA runtime does too (the GPU suite's own device
+# probe, which exits 77 without a device and runs no kernel).
+gpu_reason=""
+if [ -e "$work_dir/build.failed" ]; then
+  :  # nothing runs; grade_report.py fails every part
+elif ! command -v nvidia-smi >/dev/null; then
+  gpu_reason="no GPU: nvidia-smi not found"
+elif ! nvidia-smi -L > "$work_dir/nvidia-smi.log" 2>&1; then
+  gpu_reason="no GPU: nvidia-smi -L failed: $(head -n 1 "$work_dir/nvidia-smi.log")"
+elif ! "$build_dir/gpu_tests" --step="v${steps[0]}" --list-test-cases > "$work_dir/probe.log" 2>&1; then
+  gpu_reason="no usable GPU: $(grep -m 1 . "$work_dir/probe.log" || echo "the CUDA device probe failed")"
+fi
+[ -n "$gpu_reason" ] && say "$gpu_reason; the GPU parts are skipped"
+
+# compute-sanitizer: $COMPUTE_SANITIZER, else PATH, else the toolkit folders it ships in.
+sanitizer="${COMPUTE_SANITIZER:-$(command -v compute-sanitizer || true)}"
+for folder in "${CUDA_HOME:-/nonexistent}/bin" /usr/local/cuda/bin /opt/cuda/bin; do
+  [ -n "$sanitizer" ] || [ ! -x "$folder/compute-sanitizer" ] || sanitizer="$folder/compute-sanitizer"
+done
+
+for step in "${steps[@]}"; do
+  label="^step${step}\$"
+  # The tests of the step, listed even when the build failed, so each is reported.
+  ctest --test-dir "$build_dir" -L "$label" --show-only=json-v1 > "$work_dir/step$step.tests.json"
+  [ -e "$work_dir/build.failed" ] && continue
+  say "step $step: ctest -L step$step"
+  # Its exit code says only "something failed"; the JUnit file says what, test by test.
+  ctest --test-dir "$build_dir" -L "$label" --no-tests=error --output-on-failure \
+      --output-junit "$work_dir/step$step.junit.xml" > "$work_dir/step$step.ctest.log" 2>&1 || true
+
+  for tool in memcheck racecheck; do
+    part="$work_dir/step$step.$tool"
+    if [ -n "$gpu_reason" ]; then
+      echo "$gpu_reason" > "$part.skipped"
+    elif [ ! -x "$sanitizer" ]; then
+      echo "compute-sanitizer not found (set COMPUTE_SANITIZER=/path/to/compute-sanitizer)" > "$part.skipped"
+    else
+      say "step $step: compute-sanitizer --tool $tool"
+      tool_status=0
+      timeout "$sanitizer_timeout_s" "$sanitizer" --tool "$tool" --error-exitcode 86 \
+          "$build_dir/step$step" "${sanitizer_arguments[@]}" > "$part.log" 2>&1 || tool_status=$?
+      echo "$tool_status" > "$part.rc"
+    fi
+  done
+
+  part="$work_dir/step$step.speed"
+  if [ -n "${step_source[$step]}" ]; then
+    if [ -n "$gpu_reason" ]; then
+      echo "$gpu_reason" > "$part.skipped"
+    else
+      say "step $step: bench --steps v$step,v${step}_ref --tokens $speed_tokens"
+      bench_status=0
+      "$build_dir/bench" --steps "v$step,v${step}_ref" --tokens "$speed_tokens" \
+          --csv "$part.csv" > "$part.log" 2>&1 || bench_status=$?
+      echo "$bench_status" > "$part.rc"
+    fi
+  fi
+done
+
+report_status=0
+python3 "$repo_root/scripts/grade_report.py" --work-dir "$work_dir" --json "$json_path" \
+    --gpu-skipped-reason "$gpu_reason" --sanitizer-arguments "${sanitizer_arguments[*]}" \
+    --speed-tokens "$speed_tokens" --elapsed-s "$SECONDS" "${steps[@]}" || report_status=$?
+case "$report_status" in
+  0|1|4) say "report written to $json_path"; exit "$report_status" ;;
+  *) fail_runtime "grade_report.py failed (exit $report_status); the raw results are in $work_dir" ;;
+esac
