@@ -1,0 +1,406 @@
+#!/usr/bin/env python3
+"""PyTorch on the bench's problem, timed and checked the way the bench treats the steps.
+
+Times PyTorch eager attention (scale, matmul, softmax, matmul in fp16, as a ViT block without
+fused attention runs it) and torch.nn.functional.scaled_dot_product_attention with each
+backend forced through torch.nn.attention.sdpa_kernel (flash, efficient, cuDNN, math), on
+fp16 [B, H, N, D] inputs. Writes one row per (implementation, N) in the bench's CSV schema
+(common/report.cpp, csv_header()), with the step ids torch_eager, sdpa_flash,
+sdpa_efficient, sdpa_cudnn and sdpa_math; a backend that cannot run says why in its status.
+
+Method, as in common/: CUDA events around each run, 10 warm-ups, then one timed probe sets
+the count (up to 50 runs within about 2 s, at least 5); median, min and max. When one set of
+Q, K, V, O fits in L2, several sets rotate so no run finds its inputs in cache. The first and
+last (b, h) slices are checked against an fp64 reference with the rule of common/check.hpp:
+relative Frobenius error <= 4 * 2^-11 and max abs error <= 4 * 2^-11 * max|V|. The GPU's
+ceilings (copy bandwidth, fp16 tensor GEMM rate) are measured the same way the harness does.
+
+  scripts/compare_pytorch.py [--tokens 197,577,1025] [--batch 32] [--heads 12] [--head-dim 64]
+                             [--steps all|ID,ID,...] [--csv FILE] [--info FILE] [--seed S]
+                             [--device K]
+
+Without --csv the rows go to stdout. --info writes the versions (torch, CUDA, cuDNN), the GPU
+and the date to FILE. Needs the Python standard library and torch with CUDA.
+Exit status: 0 every run checked passed, 1 a check failed, 2 usage error, 3 no torch, no CUDA
+device or a runtime error.
+"""
+import argparse
+import contextlib
+import csv
+import datetime
+import math
+import platform
+import statistics
+import sys
+import warnings
+
+# common/report.cpp, csv_header(): the rows must be interchangeable with the bench's.
+CSV_COLUMNS = (
+    "step,batch,heads,tokens,head_dim,median_us,min_us,max_us,iters,warmup,buffer_sets,"
+    "tflops,gbps,fraction_tensor_peak,fraction_bandwidth,tensor_peak_tflops,copy_gbps,"
+    "status,relative_error,max_abs_error,checked_slices,gpu,date"
+).split(",")
+
+WARMUP = 10                        # common/options.hpp: default --warmup
+AUTO_ITERS, AUTO_SECONDS = 50, 2.0  # common/options.hpp: kAutoIters, kAutoSeconds
+MIN_ITERS = 5                      # common/timing.cu
+MAX_BUFFER_SETS = 8                # common/runner.cu
+UNIT_ROUNDOFF = 2.0 ** -11         # common/check.hpp: fp16
+RELATIVE_TOLERANCE = 4 * UNIT_ROUNDOFF
+ABSOLUTE_FACTOR = 4 * UNIT_ROUNDOFF
+
+# id -> SDPBackend member name (None: PyTorch eager, no SDPA)
+IMPLEMENTATIONS = {
+    "torch_eager": None,
+    "sdpa_flash": "FLASH_ATTENTION",
+    "sdpa_efficient": "EFFICIENT_ATTENTION",
+    "sdpa_cudnn": "CUDNN_ATTENTION",
+    "sdpa_math": "MATH",
+}
+
+
+class UsageError(Exception):
+    pass
+
+
+class RuntimeFailure(Exception):
+    pass
+
+
+def utc_now():
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def number(value):
+    """Numbers as the bench writes them (%.6g); unmeasured ones as empty cells."""
+    return "" if value is None or not math.isfinite(value) else f"{value:.6g}"
+
+
+def positive_list(flag, text):
+    try:
+        values = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise UsageError(f"{flag}: '{text}' is not a comma-separated list of integers")
+    if any(value < 1 for value in values):
+        raise UsageError(f"{flag}: '{text}': every value must be at least 1")
+    return values
+
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(
+        prog="compare_pytorch.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tokens", default="197,577,1025", help="token counts N (default 197,577,1025)")
+    parser.add_argument("--batch", default="32", help="batch B (default 32)")
+    parser.add_argument("--heads", default="12", help="heads H (default 12)")
+    parser.add_argument("--head-dim", default="64", help="head dim D (default 64)")
+    parser.add_argument("--steps", default="all", help="all, or ids among " + ",".join(IMPLEMENTATIONS))
+    parser.add_argument("--csv", help="write the rows here (default: stdout)")
+    parser.add_argument("--info", help="write torch, CUDA and cuDNN versions, GPU and date here")
+    parser.add_argument("--seed", default="1234", help="seed of the random inputs (default 1234)")
+    parser.add_argument("--device", default="0", help="CUDA device index (default 0)")
+    args = parser.parse_args(argv)
+    args.tokens = positive_list("--tokens", args.tokens)
+    for flag in ("batch", "heads", "head_dim", "device", "seed"):
+        text = getattr(args, flag)
+        if not text.isdigit() or (flag not in ("device", "seed") and int(text) < 1):
+            raise UsageError(f"--{flag.replace('_', '-')}: '{text}' is not a "
+                             + ("non-negative" if flag in ("device", "seed") else "positive") + " integer")
+        setattr(args, flag, int(text))
+    if args.steps == "all":
+        args.steps = list(IMPLEMENTATIONS)
+    else:
+        args.steps = args.steps.split(",")
+        unknown = [step for step in args.steps if step not in IMPLEMENTATIONS]
+        if unknown:
+            raise UsageError(f"--steps: no implementation '{unknown[0]}' (ids: {','.join(IMPLEMENTATIONS)})")
+    return args
+
+
+class Bench:
+    """Timing, ceilings and checking on one CUDA device, after common/timing.cu and check.cpp."""
+
+    def __init__(self, torch, device):
+        self.torch = torch
+        self.device = torch.device("cuda", device)
+        torch.cuda.set_device(self.device)
+        properties = torch.cuda.get_device_properties(self.device)
+        self.gpu = properties.name
+        self.l2_bytes = getattr(properties, "L2_cache_size", 50 * 2 ** 20)  # older torch: H100's
+        # A busy-wait kernel queued before the timed runs lets Python queue them all while the
+        # GPU is busy, so each event pair brackets GPU work, not Python's launch overhead.
+        self.sleep = getattr(torch.cuda, "_sleep", None)
+
+    def _timed(self, launch, first, count):
+        torch = self.torch
+        starts = [torch.cuda.Event(enable_timing=True) for _ in range(count)]
+        stops = [torch.cuda.Event(enable_timing=True) for _ in range(count)]
+        if self.sleep is not None:
+            self.sleep(int(min(count * 100, 200_000) * 2_000))  # ~100 us a run at ~2 GHz, <= 0.2 s
+        for i in range(count):
+            starts[i].record()
+            launch(first + i)
+            stops[i].record()
+        torch.cuda.synchronize()
+        return [1000.0 * start.elapsed_time(stop) for start, stop in zip(starts, stops)]
+
+    def time(self, launch, warmup=WARMUP, iters=0):
+        """launch(i) warmup times untimed, then timed; iters 0 picks the count like the bench."""
+        run = 0
+        for run in range(warmup):
+            launch(run)
+        run = warmup
+        if iters == 0:
+            probe_us = self._timed(launch, run, 1)[0]
+            run += 1
+            iters = int(min(max(math.floor(AUTO_SECONDS * 1e6 / max(probe_us, 1.0)), MIN_ITERS), AUTO_ITERS))
+        durations = self._timed(launch, run, iters)
+        return {"median_us": statistics.median(durations), "min_us": min(durations),
+                "max_us": max(durations), "iters": iters, "warmup": warmup}
+
+    def ceilings(self):
+        """Copy bandwidth (GB/s, read + write) and fp16 tensor GEMM rate (TFLOP/s), measured as
+        common/ceilings.cu measures them: a 1 GiB device copy and an 8192^3 GEMM, fp32 accumulate."""
+        torch = self.torch
+        free_bytes, _ = torch.cuda.mem_get_info(self.device)
+        size = min(2 ** 30, free_bytes // 4)
+        source = torch.ones(size, dtype=torch.uint8, device=self.device)
+        target = torch.empty_like(source)
+        copy = self.time(lambda _: target.copy_(source), warmup=3, iters=20)
+        copy_gbps = 2.0 * size / (copy["median_us"] * 1e-6) / 1e9
+        del source, target
+
+        n = 8192
+        generator = torch.Generator(device=self.device).manual_seed(7)
+        a = torch.rand(n, n, device=self.device, generator=generator, dtype=torch.float16) * 2 - 1
+        b = torch.rand(n, n, device=self.device, generator=generator, dtype=torch.float16) * 2 - 1
+        c = torch.empty_like(a)
+        matmul = torch.backends.cuda.matmul
+        reduced = matmul.allow_fp16_reduced_precision_reduction
+        matmul.allow_fp16_reduced_precision_reduction = False  # fp32 accumulate throughout
+        try:
+            gemm = self.time(lambda _: torch.matmul(a, b, out=c), warmup=3, iters=10)
+        finally:
+            matmul.allow_fp16_reduced_precision_reduction = reduced
+        del a, b, c
+        torch.cuda.empty_cache()
+        return 2.0 * n ** 3 / (gemm["median_us"] * 1e-6) / 1e12, copy_gbps
+
+    def check(self, q, k, v, output):
+        """The first and last (b, h) slices against fp64, with common/check.cpp's rule."""
+        torch = self.torch
+        batch, heads, _, head_dim = q.shape
+        error_sq = reference_sq = max_abs_error = max_abs_v = 0.0
+        nonfinite = 0
+        slices = sorted({(0, 0), (batch - 1, heads - 1)})
+        for b, h in slices:
+            q64, k64, v64 = q[b, h].double(), k[b, h].double(), v[b, h].double()
+            scores = (q64 @ k64.T) / math.sqrt(head_dim)
+            reference = torch.softmax(scores, dim=-1) @ v64
+            got = output[b, h].double()
+            finite = torch.isfinite(got)
+            nonfinite += int((~finite).sum())
+            # As the bench does, a non-finite output counts as a failure, not in the sums.
+            error = torch.where(finite, (got - reference).abs(), torch.zeros_like(got))
+            error_sq += float((error * error).sum())
+            reference_sq += float((torch.where(finite, reference, torch.zeros_like(got)) ** 2).sum())
+            max_abs_error = max(max_abs_error, float(error.max()))
+            max_abs_v = max(max_abs_v, float(v64.abs().max()))
+        relative_error = math.sqrt(error_sq / reference_sq) if reference_sq > 0 else math.sqrt(error_sq)
+        passed = (nonfinite == 0 and relative_error <= RELATIVE_TOLERANCE
+                  and max_abs_error <= ABSOLUTE_FACTOR * max_abs_v)
+        return {"passed": passed, "relative_error": relative_error, "max_abs_error": max_abs_error,
+                "checked_slices": len(slices), "nonfinite": nonfinite}
+
+
+def sdpa_tools(torch):
+    """(sdpa_kernel, SDPBackend), or a reason why this torch has none."""
+    try:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+    except ImportError:
+        return None, f"torch {torch.__version__} has no torch.nn.attention.sdpa_kernel (needs 2.3 or later)"
+    return (sdpa_kernel, SDPBackend), None
+
+
+def one_line(text, limit=240):
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def measure(bench, torch, step, backend_name, tools, shape, seed):
+    """One (implementation, shape): a result dict for the row, or a 'skipped: why' status."""
+    batch, heads, tokens, head_dim = shape
+    functional = torch.nn.functional
+    scale = 1.0 / math.sqrt(head_dim)
+
+    if backend_name is None:
+        def attention(q, k, v):  # a ViT block without fused attention (timm's Attention)
+            scores = (q * scale) @ k.transpose(-2, -1)
+            return scores.softmax(dim=-1) @ v
+        context = contextlib.nullcontext()
+    else:
+        if tools is None:
+            return {"status": "skipped: " + sdpa_tools(torch)[1]}
+        sdpa_kernel, sdpa_backend = tools
+        backend = getattr(sdpa_backend, backend_name, None)
+        if backend is None:
+            return {"status": f"skipped: torch {torch.__version__} has no SDPBackend.{backend_name}"}
+
+        def attention(q, k, v):
+            return functional.scaled_dot_product_attention(q, k, v)
+        context = sdpa_kernel(backend)
+
+    elements = batch * heads * tokens * head_dim
+    set_bytes = 4 * elements * 2  # Q, K, V, O in fp16
+    sets = min(max(2 * bench.l2_bytes // set_bytes + 1, 1), MAX_BUFFER_SETS)
+    generator = torch.Generator(device=bench.device).manual_seed(seed)
+    inputs = []
+    try:
+        first = [torch.randn(batch, heads, tokens, head_dim, device=bench.device,
+                             generator=generator, dtype=torch.float16) for _ in range(3)]
+        inputs.append(first)
+        for _ in range(1, sets):
+            try:
+                inputs.append([tensor.clone() for tensor in first])
+            except torch.cuda.OutOfMemoryError:
+                break  # fewer sets, as the bench does when memory is short
+        sets = len(inputs)
+        with context, warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                output = attention(*inputs[0])
+                torch.cuda.synchronize()
+            except RuntimeError as error:
+                if isinstance(error, torch.cuda.OutOfMemoryError):
+                    raise
+                # SDPA says why a backend declined in warnings ("... not used because ...").
+                why = one_line("; ".join(str(w.message) for w in caught) or error)
+                return {"status": f"skipped: {backend_name} cannot run this shape: {why}"}
+            check = bench.check(*inputs[0], output)
+            del output
+            # Keep one output per set alive, so outputs rotate through memory like the bench's O.
+            outputs = [None] * sets
+
+            def launch(run):
+                which = run % sets
+                outputs[which] = attention(*inputs[which])
+
+            timing = bench.time(launch)
+            del outputs
+    except torch.cuda.OutOfMemoryError:
+        inputs.clear()
+        torch.cuda.empty_cache()
+        return {"status": f"skipped: out of GPU memory for this shape ({step})"}
+    inputs.clear()
+    torch.cuda.empty_cache()
+    return {"timing": timing, "check": check, "buffer_sets": sets,
+            "status": "passed" if check["passed"] else "failed"}
+
+
+def row_for(step, shape, result, ceilings, gpu):
+    batch, heads, tokens, head_dim = shape
+    tensor_tflops, copy_gbps = ceilings
+    flops = 4.0 * batch * heads * tokens * tokens * head_dim
+    min_bytes = 4.0 * batch * heads * tokens * head_dim * 2
+    row = dict.fromkeys(CSV_COLUMNS, "")
+    row.update(step=step, batch=batch, heads=heads, tokens=tokens, head_dim=head_dim, iters=0,
+               warmup=0, buffer_sets=1, tensor_peak_tflops=number(tensor_tflops),
+               copy_gbps=number(copy_gbps), status=result["status"], checked_slices=0, gpu=gpu,
+               date=utc_now())
+    if "timing" in result:
+        timing, check = result["timing"], result["check"]
+        median = timing["median_us"]
+        tflops = flops / (median * 1e-6) / 1e12
+        gbps = min_bytes / (median * 1e-6) / 1e9
+        row.update(median_us=number(median), min_us=number(timing["min_us"]),
+                   max_us=number(timing["max_us"]), iters=timing["iters"], warmup=timing["warmup"],
+                   buffer_sets=result["buffer_sets"], tflops=number(tflops), gbps=number(gbps),
+                   fraction_tensor_peak=number(tflops / tensor_tflops if tensor_tflops else None),
+                   fraction_bandwidth=number(gbps / copy_gbps if copy_gbps else None),
+                   relative_error=number(check["relative_error"]),
+                   max_abs_error=number(check["max_abs_error"]),
+                   checked_slices=check["checked_slices"])
+    return row
+
+
+def write_info(path, torch, bench, ceilings, argv):
+    cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+    capability = torch.cuda.get_device_capability(bench.device)
+    lines = [
+        f"date_utc: {utc_now()}",
+        f"command: {' '.join(['scripts/compare_pytorch.py'] + argv)}",
+        f"python: {platform.python_version()}",
+        f"torch: {torch.__version__}",
+        f"torch_cuda: {torch.version.cuda}",
+        f"cudnn: {cudnn}",
+        f"gpu: {bench.gpu} (compute capability {capability[0]}.{capability[1]})",
+        f"measured tensor_peak_tflops: {ceilings[0]:.1f}",
+        f"measured copy_gbps: {ceilings[1]:.0f}",
+        "sdpa_flash is the FlashAttention-2 kernel built into PyTorch; sdpa_cudnn is cuDNN's fused attention.",
+    ]
+    with open(path, "w", encoding="utf-8") as file:
+        file.write("\n".join(lines) + "\n")
+
+
+def run(argv):
+    args = parse_args(argv)
+    try:
+        import torch
+    except ImportError:
+        raise RuntimeFailure("torch is not installed for this Python (pip install torch)")
+    if not torch.cuda.is_available():
+        raise RuntimeFailure(f"torch {torch.__version__} sees no CUDA device; run this on a machine with an NVIDIA GPU")
+    if args.device >= torch.cuda.device_count():
+        raise RuntimeFailure(f"--device {args.device}: there are only {torch.cuda.device_count()} CUDA device(s)")
+
+    bench = Bench(torch, args.device)
+    ceilings = bench.ceilings()
+    print(f"# {bench.gpu}: measured {ceilings[0]:.0f} TFLOP/s fp16 tensor (torch.matmul), "
+          f"{ceilings[1]:.0f} GB/s copy bandwidth; torch {torch.__version__}", flush=True)
+    if args.info:
+        write_info(args.info, torch, bench, ceilings, argv)
+    tools, _ = sdpa_tools(torch)
+
+    out = open(args.csv, "w", newline="", encoding="utf-8") if args.csv else sys.stdout
+    table = sys.stdout if args.csv else sys.stderr  # keep stdout pure CSV when it carries the rows
+    any_failed = False
+    try:
+        writer = csv.writer(out, lineterminator="\n")
+        writer.writerow(CSV_COLUMNS)
+        print(f"{'step':<15} {'N':>6} {'D':>4} {'median_us':>11} {'TFLOP/s':>9} {'rel_err':>10}  status",
+              file=table)
+        for tokens in args.tokens:
+            shape = (args.batch, args.heads, tokens, args.head_dim)
+            for step in args.steps:
+                result = measure(bench, torch, step, IMPLEMENTATIONS[step], tools, shape, args.seed)
+                row = row_for(step, shape, result, ceilings, bench.gpu)
+                writer.writerow([row[column] for column in CSV_COLUMNS])
+                out.flush()
+                any_failed = any_failed or result["status"] == "failed"
+                print(f"{step:<15} {tokens:>6} {args.head_dim:>4} {row['median_us'] or '-':>11} "
+                      f"{row['tflops'] or '-':>9} {row['relative_error'] or '-':>10}  {row['status']}",
+                      file=table, flush=True)
+    finally:
+        if out is not sys.stdout:
+            out.close()
+    return 1 if any_failed else 0
+
+
+def main():
+    try:
+        return run(sys.argv[1:])
+    except UsageError as error:
+        print(f"compare_pytorch.py: {error}", file=sys.stderr)
+        return 2
+    except RuntimeFailure as error:
+        print(f"compare_pytorch.py: {error}", file=sys.stderr)
+        return 3
+    except OSError as error:
+        print(f"compare_pytorch.py: {error}", file=sys.stderr)
+        return 3
+    except RuntimeError as error:  # CUDA errors surface as RuntimeError
+        print(f"compare_pytorch.py: {one_line(error)}", file=sys.stderr)
+        return 3
+
+
+if __name__ == "__main__":
+    sys.exit(main())

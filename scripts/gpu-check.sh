@@ -1,0 +1,419 @@
+#!/usr/bin/env bash
+# One command for a GPU machine: the GPU test suite, compute-sanitizer on every step, the
+# benchmark sweeps, the ncu profiles and the PyTorch comparison. Every log and CSV goes under
+# OUTDIR; a summary table closes the run. Run it from the repository root, with a build folder
+# made elsewhere: the binaries travel prebuilt, so no cmake or compiler is needed here.
+#
+#   scripts/gpu-check.sh OUTDIR
+#
+# Stages, in this order (STAGES picks a subset, comma or space separated):
+#   info       GPU, driver, toolkit, torch, the build and the date      -> info.txt
+#   tests      ctest -L gpu (JUnit too)                                  -> tests.log, tests_junit.xml
+#   sanitizer  memcheck + racecheck on every stepN at a tail shape       -> sanitizer.log, sanitizer/
+#   bench      N = 197,577,1025 (all steps, baselines), then N = 2049..16385 for the steps
+#              with no N limit (v0 excluded)                             -> bench_vit.csv, bench_long.csv
+#   profile    ncu on each step at N = 577 (scripts/profile.py)          -> profile.csv, profile/
+#   pytorch    PyTorch eager and SDPA backends (scripts/compare_pytorch.py), when torch imports
+#                                                                         -> pytorch.csv, pytorch_info.txt
+# Environment:
+#   BUILD_DIR            the build folder (default: build)
+#   STAGES               default: info tests sanitizer bench profile pytorch
+#   PYTHON               interpreter for profile and pytorch (default: python3)
+#   COMPUTE_SANITIZER    compute-sanitizer to use (default: PATH, then $CUDA_HOME/bin, /usr/local/cuda/bin)
+#   NCU                  ncu to use (same search)
+#   SANITIZER_JOBS       sanitizer runs at once (default 4)
+#   TEST_JOBS            GPU test suites run at once by ctest (default 4)
+#   LONG_SHAPE_BUDGET_S  the long sweep runs a (step, N) only when its estimated time is at most
+#                        this many seconds (default 25)
+#   TIME_LIMIT_S         the whole run's time limit (default 540): every command is cut at it and
+#                        a stage that finds no time left fails, so the summary is always printed
+# Exit status: 0 when every stage passed or was skipped for a stated reason, 1 when one failed,
+# 2 on a usage error.
+set -euo pipefail
+
+# --help prints the comment above, up to the first line that is not a comment.
+usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; }
+
+case "${1:-}" in
+  -h|--help) usage; exit 0 ;;
+  "") echo "gpu-check.sh: missing OUTDIR (usage: scripts/gpu-check.sh OUTDIR; see --help)" >&2; exit 2 ;;
+  -*) echo "gpu-check.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
+esac
+if [ "$#" -ne 1 ]; then
+  echo "gpu-check.sh: expected one argument, OUTDIR; got $# (see --help)" >&2
+  exit 2
+fi
+
+outdir_argument=$1
+repo_root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$repo_root"
+BUILD_DIR=${BUILD_DIR:-build}
+[ -d "$BUILD_DIR" ] && BUILD_DIR=$(cd "$BUILD_DIR" && pwd)
+PYTHON=${PYTHON:-python3}
+SANITIZER_JOBS=${SANITIZER_JOBS:-4}
+LONG_SHAPE_BUDGET_S=${LONG_SHAPE_BUDGET_S:-25}
+TEST_JOBS=${TEST_JOBS:-4}
+TIME_LIMIT_S=${TIME_LIMIT_S:-540}
+
+all_stages=(info tests sanitizer bench profile pytorch)
+IFS=', ' read -r -a stages <<< "${STAGES:-${all_stages[*]}}"  # "a,b" and "a b" both work
+for stage in "${stages[@]}"; do
+  case " ${all_stages[*]} " in
+    *" $stage "*) ;;
+    *) echo "gpu-check.sh: STAGES: unknown stage '$stage' (stages: ${all_stages[*]})" >&2; exit 2 ;;
+  esac
+done
+for variable in SANITIZER_JOBS LONG_SHAPE_BUDGET_S TEST_JOBS TIME_LIMIT_S; do
+  [[ "${!variable}" =~ ^[1-9][0-9]*$ ]] ||
+    { echo "gpu-check.sh: $variable must be a positive integer, not '${!variable}'" >&2; exit 2; }
+done
+deadline=$(( $(date +%s) + TIME_LIMIT_S ))
+mkdir -p "$outdir_argument" || { echo "gpu-check.sh: cannot create OUTDIR '$outdir_argument'" >&2; exit 2; }
+OUTDIR=$(cd "$outdir_argument" && pwd)
+
+# ---- helpers ---------------------------------------------------------------------------------
+
+# A stage's exit status: 0 passed, 1 failed, kSkipped skipped (its log's last line says why).
+readonly kSkipped=75
+
+# Seconds a command may run: at most $1, and never past the run's deadline. `timeout` stops the
+# command's whole process group, so a profiler's or sanitizer's child goes with it.
+limit() {
+  local left=$(( deadline - $(date +%s) ))
+  (( left < 1 )) && left=1
+  if (( left < $1 )); then echo "$left"; else echo "$1"; fi
+}
+
+# A CUDA tool: the variable's value, else PATH, else the usual toolkit folders.
+find_tool() {
+  local name=$1 given=$2 dir
+  if [ -n "$given" ]; then
+    [ -x "$given" ] && { echo "$given"; return 0; }
+    return 1
+  fi
+  command -v "$name" 2>/dev/null && return 0
+  for dir in "${CUDA_HOME:-/nonexistent}/bin" /usr/local/cuda/bin /opt/cuda/bin; do
+    [ -x "$dir/$name" ] && { echo "$dir/$name"; return 0; }
+  done
+  return 1
+}
+
+# The step executables stepN of the build, in step order (step10 after step9).
+step_binaries() {
+  local path
+  for path in "$BUILD_DIR"/step[0-9]*; do
+    if [[ -f "$path" && -x "$path" && "$(basename "$path")" =~ ^step[0-9]+$ ]]; then echo "$path"; fi
+  done | sort -V
+}
+
+require_build() {
+  local name
+  [ -d "$BUILD_DIR" ] || { echo "no build folder '$BUILD_DIR' (set BUILD_DIR)"; return 1; }
+  for name in "$@"; do
+    [ -x "$BUILD_DIR/$name" ] || { echo "no executable $BUILD_DIR/$name (build it first)"; return 1; }
+  done
+}
+
+# bench --list: "id<TAB>limit<TAB>head dims<TAB>title" per registered step and baseline.
+bench_list() { "$BUILD_DIR/bench" --list; }
+
+# ---- stages ----------------------------------------------------------------------------------
+
+stage_info() {
+  local tool
+  echo "date_utc: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+  echo "host: $(hostname 2>/dev/null || echo unknown)"
+  echo "repository: $repo_root"
+  echo "git_commit: $(git -C "$repo_root" rev-parse HEAD 2>/dev/null || echo 'unknown (no git here)')"
+  echo "git_changed_files: $(git -C "$repo_root" status --porcelain 2>/dev/null | wc -l)"
+  echo "build_dir: $BUILD_DIR"
+  if [ -f "$BUILD_DIR/CMakeCache.txt" ]; then
+    grep -E '^(CMAKE_BUILD_TYPE|CMAKE_CUDA_ARCHITECTURES|CMAKE_CUDA_COMPILER):' "$BUILD_DIR/CMakeCache.txt" |
+      sed 's/^/build: /'
+  fi
+  echo
+  if command -v nvidia-smi >/dev/null 2>&1; then
+    echo "## nvidia-smi -L"
+    nvidia-smi -L || true
+    echo "## nvidia-smi --query-gpu"
+    nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.max.mem,power.limit \
+               --format=csv || true
+  else
+    echo "nvidia-smi: not found"
+  fi
+  echo
+  if command -v nvcc >/dev/null 2>&1; then echo "## nvcc --version"; nvcc --version; else echo "nvcc: not found (not needed: the binaries are prebuilt)"; fi
+  for tool in compute-sanitizer ncu; do
+    local var=COMPUTE_SANITIZER path
+    [ "$tool" = ncu ] && var=NCU
+    if path=$(find_tool "$tool" "${!var:-}"); then
+      echo "$tool: $path: $("$path" --version 2>&1 | tail -n 1)"
+    else
+      echo "$tool: not found"
+    fi
+  done
+  if command -v ctest >/dev/null 2>&1; then echo "ctest: $(ctest --version | sed -n 1p)"; else echo "ctest: not found"; fi
+  echo "python: $("$PYTHON" --version 2>&1 || echo 'not found')"
+  echo "torch: $("$PYTHON" -c 'import torch; print(torch.__version__, "cuda", torch.version.cuda, "cudnn", torch.backends.cudnn.version(), "cuda_available", torch.cuda.is_available())' 2>/dev/null || echo 'not importable')"
+  echo
+  if [ -x "$BUILD_DIR/bench" ]; then
+    echo "## bench --list"
+    bench_list || true
+  else
+    echo "bench: not found in $BUILD_DIR"
+  fi
+}
+
+stage_tests() {
+  require_build gpu_tests || return 1
+  local ctest_log
+  ctest_log=$(mktemp)
+  # ctest runs the paths CMake wrote into the build folder; when the folder was carried to
+  # another path (or there is no ctest here), run the same commands directly.
+  local recorded=""
+  [ -f "$BUILD_DIR/CTestTestfile.cmake" ] &&
+    recorded=$(sed -n 's/^# Build directory: //p' "$BUILD_DIR/CTestTestfile.cmake")
+  if command -v ctest >/dev/null 2>&1 && [ "$recorded" = "$BUILD_DIR" ]; then
+    local junit=() ctest_help
+    ctest_help=$(ctest --help 2>/dev/null || true)
+    [[ "$ctest_help" == *--output-junit* ]] && junit=(--output-junit "$OUTDIR/tests_junit.xml")
+    local rc=0
+    # Several suites at once: they check correctness, nothing here is timed.
+    timeout "$(limit 900)" ctest --test-dir "$BUILD_DIR" -L gpu --output-on-failure --timeout 600 \
+      --parallel "$TEST_JOBS" "${junit[@]}" 2>&1 | tee "$ctest_log" || rc=$?
+    local not_run=0
+    grep -qE 'No tests were found|\*\*\*Skipped|Not Run' "$ctest_log" && not_run=1
+    rm -f "$ctest_log"
+    [ "$rc" -eq 0 ] || { echo "ctest failed (exit $rc)"; return 1; }
+    # With a GPU every GPU test must run: a skip here means the suite saw no device.
+    if [ "$not_run" -eq 1 ]; then
+      echo "FAILED: some GPU tests did not run (skipped or not found); see above"
+      return 1
+    fi
+    return 0
+  fi
+  if command -v ctest >/dev/null 2>&1; then
+    echo "note: the build folder was made at '${recorded:-?}', not '$BUILD_DIR': running gpu_tests directly"
+  else
+    echo "note: no ctest here: running gpu_tests directly (no JUnit file)"
+  fi
+  local binary id rc failed=0 count=0
+  while read -r binary; do
+    id=v${binary##*/step}
+    count=$((count + 1))
+    rc=0
+    timeout "$(limit 600)" "$BUILD_DIR/gpu_tests" "--step=$id" > "$OUTDIR/tests_$id.log" 2>&1 || rc=$?
+    case $rc in
+      0) echo "gpu.$id passed" ;;
+      77) echo "gpu.$id SKIPPED (no CUDA device): $(tail -n 1 "$OUTDIR/tests_$id.log")"; failed=1 ;;
+      *) echo "gpu.$id FAILED (exit $rc); last lines of tests_$id.log:"; tail -n 20 "$OUTDIR/tests_$id.log"; failed=1 ;;
+    esac
+  done < <(step_binaries)
+  [ "$count" -gt 0 ] || { echo "no step executables in $BUILD_DIR"; return 1; }
+  return "$failed"
+}
+
+# One sanitizer run; its result is one line in $result_file: "step tool shape result".
+sanitize_one() {
+  local sanitizer=$1 binary=$2 tool=$3 shape_name=$4 result_file=$5
+  shift 5
+  local step log rc=0 result
+  step=$(basename "$binary")
+  log="$OUTDIR/sanitizer/${step}_${tool}_${shape_name}.log"
+  # Only the step's kernels are instrumented: the harness also runs a big cuBLAS GEMM and a
+  # 1 GiB copy to measure the GPU's ceilings, which are far too slow under the sanitizer.
+  timeout "$(limit 600)" "$sanitizer" --tool "$tool" --kernel-name kns=attention --error-exitcode 86 \
+    "$binary" --batch 2 --heads 3 --iters 1 --warmup 0 --check full "$@" > "$log" 2>&1 || rc=$?
+  local clean_line='ERROR SUMMARY: 0 errors'
+  [ "$tool" = racecheck ] && clean_line='RACECHECK SUMMARY: 0 hazards'
+  if [ "$rc" -eq 2 ] && grep -q 'does not serve' "$log"; then
+    result="n/a (refused: $(grep -m 1 -o 'does not serve.*' "$log" | cut -c1-60))"
+  elif [ "$rc" -eq 0 ] && grep -q "$clean_line" "$log"; then
+    result="clean"
+  elif [ "$rc" -eq 124 ]; then
+    result="FAILED (timed out)"
+  else
+    local summary
+    summary=$(grep -m 1 -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$log" | sed 's/^=* *//' || true)
+    result="FAILED (exit $rc${summary:+; $summary})"
+  fi
+  printf '%-8s %-10s %-22s %s\n' "$step" "$tool" "$shape_name" "$result" >> "$result_file"
+}
+
+stage_sanitizer() {
+  require_build || return 1
+  local sanitizer
+  sanitizer=$(find_tool compute-sanitizer "${COMPUTE_SANITIZER:-}") ||
+    { echo "compute-sanitizer not found (set COMPUTE_SANITIZER=/path/to/compute-sanitizer)"; return 1; }
+  mkdir -p "$OUTDIR/sanitizer"
+  local results="$OUTDIR/sanitizer/results.txt"
+  : > "$results"
+  local head_dims=""
+  if [ -x "$BUILD_DIR/bench" ]; then
+    head_dims=$(bench_list 2>/dev/null | awk -F'\t' '{print $1 "\t" $3}') || head_dims=""
+  fi
+
+  local binary id serves_80 tool count=0
+  while read -r binary; do
+    count=$((count + 1))
+    # The kernel filter matches nothing if no kernel name holds "attention": then the sanitizer
+    # would check nothing and still print 0 errors. Refuse that instead of passing it.
+    if ! grep -aqE '_Z[A-Za-z0-9_]*attention' "$binary"; then
+      printf '%-8s %-10s %-22s %s\n' "$(basename "$binary")" all all \
+        "FAILED (no kernel name contains 'attention': the kernel filter would check nothing)" >> "$results"
+      continue
+    fi
+    id=v${binary##*/step}
+    serves_80=yes  # unknown: try it, a refusal (exit 2) is n/a
+    if [ -n "$head_dims" ]; then
+      serves_80=no
+      awk -F'\t' -v id="$id" '$1 == id && ("," $2 ",") ~ /,80,/ { found = 1 } END { exit !found }' \
+        <<< "$head_dims" && serves_80=yes
+    fi
+    for tool in memcheck racecheck; do
+      while [ "$(jobs -rp | wc -l)" -ge "$SANITIZER_JOBS" ]; do wait -n || true; done
+      sanitize_one "$sanitizer" "$binary" "$tool" "N65_B2_H3_D64" "$results" --tokens 65 &
+      if [ "$serves_80" = yes ]; then
+        while [ "$(jobs -rp | wc -l)" -ge "$SANITIZER_JOBS" ]; do wait -n || true; done
+        sanitize_one "$sanitizer" "$binary" "$tool" "N17_B2_H3_D80" "$results" --tokens 17 --head-dim 80 &
+      else
+        printf '%-8s %-10s %-22s %s\n' "$(basename "$binary")" "$tool" "N17_B2_H3_D80" \
+          "n/a ($id does not serve head dim 80 per bench --list)" >> "$results"
+      fi
+    done
+  done < <(step_binaries)
+  wait
+  [ "$count" -gt 0 ] || { echo "no step executables in $BUILD_DIR"; return 1; }
+  printf '%-8s %-10s %-22s %s\n' step tool shape result
+  sort -V "$results"
+  echo "(logs: $OUTDIR/sanitizer/<step>_<tool>_<shape>.log)"
+  ! grep -q 'FAILED' "$results"
+}
+
+stage_bench() {
+  require_build bench || return 1
+  local rc=0 failed=0
+  echo "## bench over the ViT shapes, every step and baseline"
+  timeout "$(limit 600)" "$BUILD_DIR/bench" --tokens 197,577,1025 --csv "$OUTDIR/bench_vit.csv" || rc=$?
+  case $rc in
+    0) ;;
+    1) echo "bench: a result check FAILED (see the table above)"; failed=1 ;;
+    124) echo "bench: timed out; the CSV holds the rows written so far"; failed=1 ;;
+    *) echo "bench failed (exit $rc)"; return 1 ;;
+  esac
+
+  echo
+  echo "## long sweep: N = 2049, 4097, 8193, 16385 for the steps with no N limit, v0 excluded"
+  bench_list > "$OUTDIR/bench_list.txt" || { echo "bench --list failed"; return 1; }
+  local plan="$OUTDIR/bench_long_plan.txt"
+  "$PYTHON" scripts/plan_long_sweep.py --list "$OUTDIR/bench_list.txt" \
+    --bench-csv "$OUTDIR/bench_vit.csv" --tokens 2049,4097,8193,16385 --exclude v0 \
+    --budget-seconds "$LONG_SHAPE_BUDGET_S" --skipped-rows "$OUTDIR/bench_long_skipped.csv" > "$plan" ||
+    { echo "planning the long sweep failed"; return 1; }
+  grep '^#' "$plan" || true
+  local long_csv="$OUTDIR/bench_long.csv" part=0 tokens steps part_csv
+  : > "$long_csv"
+  while IFS=$'\t' read -r tokens steps; do
+    [[ -z "$tokens" || "$tokens" == \#* ]] && continue
+    part=$((part + 1))
+    part_csv="$OUTDIR/bench_long_part$part.csv"
+    echo "bench --steps $steps --tokens $tokens --warmup 3"
+    rc=0
+    # Three warm-ups: at these sizes one run takes milliseconds to seconds.
+    timeout "$(limit 420)" "$BUILD_DIR/bench" --steps "$steps" --tokens "$tokens" --warmup 3 --csv "$part_csv" || rc=$?
+    case $rc in
+      0) ;;
+      1) echo "bench: a result check FAILED in the long sweep"; failed=1 ;;
+      124) echo "bench: the long sweep timed out; its CSV holds the rows written so far"; failed=1 ;;
+      *) echo "bench failed in the long sweep (exit $rc)"; failed=1 ;;
+    esac
+    if [ -s "$part_csv" ]; then
+      if [ -s "$long_csv" ]; then tail -n +2 "$part_csv" >> "$long_csv"; else cat "$part_csv" > "$long_csv"; fi
+      rm -f "$part_csv"
+    fi
+  done < "$plan"
+  if [ -s "$OUTDIR/bench_long_skipped.csv" ]; then
+    [ -s "$long_csv" ] || head -n 1 "$OUTDIR/bench_vit.csv" > "$long_csv"
+    cat "$OUTDIR/bench_long_skipped.csv" >> "$long_csv"
+  fi
+  rm -f "$OUTDIR/bench_long_skipped.csv"
+  [ -s "$long_csv" ] || { rm -f "$long_csv"; echo "long sweep: no step qualifies"; }
+  return "$failed"
+}
+
+stage_profile() {
+  require_build || return 1
+  local ncu
+  ncu=$(find_tool ncu "${NCU:-}") || { echo "ncu not found (set NCU=/path/to/ncu)"; return 1; }
+  timeout "$(limit 900)" "$PYTHON" scripts/profile.py --build-dir "$BUILD_DIR" --out "$OUTDIR" --ncu "$ncu" --tokens 577
+}
+
+stage_pytorch() {
+  if ! "$PYTHON" -c 'import torch' 2>/dev/null; then
+    echo "skipped: torch does not import with $PYTHON"
+    return "$kSkipped"
+  fi
+  if ! "$PYTHON" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
+    echo "skipped: torch $("$PYTHON" -c 'import torch; print(torch.__version__)') sees no CUDA device"
+    return "$kSkipped"
+  fi
+  timeout "$(limit 600)" "$PYTHON" scripts/compare_pytorch.py --tokens 197,577,1025 --csv "$OUTDIR/pytorch.csv" \
+    --info "$OUTDIR/pytorch_info.txt"
+}
+
+# ---- driver ----------------------------------------------------------------------------------
+
+declare -A stage_file=(
+  [info]=info.txt [tests]=tests.log [sanitizer]=sanitizer.log [bench]=bench.log
+  [profile]=profile.log [pytorch]=pytorch.log)
+declare -A stage_results=(
+  [info]="" [tests]=tests_junit.xml [sanitizer]=sanitizer/ [bench]="bench_vit.csv bench_long.csv"
+  [profile]="profile.csv profile/" [pytorch]="pytorch.csv pytorch_info.txt")
+
+summary=()
+any_failed=0
+total_start=$(date +%s)
+echo "gpu-check: stages ${stages[*]}; build $BUILD_DIR; output $OUTDIR"
+for stage in "${stages[@]}"; do
+  log="$OUTDIR/${stage_file[$stage]}"
+  start=$(date +%s)
+  echo "== $stage ..."
+  if (( $(date +%s) >= deadline - 5 )); then
+    echo "not run: the run reached TIME_LIMIT_S=$TIME_LIMIT_S" > "$log"
+    rc=1
+  else
+    set +e
+    # A subshell per stage: a failing stage is reported and the next one still runs.
+    ( set -euo pipefail; "stage_$stage" ) > "$log" 2>&1
+    rc=$?
+    set -e
+  fi
+  seconds=$(( $(date +%s) - start ))
+  case $rc in
+    0) status=passed ;;
+    "$kSkipped") status="skipped: $(grep -m 1 '^skipped: ' "$log" | sed 's/^skipped: //')" ;;
+    *) status=FAILED; any_failed=1 ;;
+  esac
+  echo "== $stage: $status (${seconds} s), log $log"
+  if [ "$status" = FAILED ]; then
+    echo "---- last lines of ${stage_file[$stage]}:"
+    tail -n 25 "$log" | sed 's/^/    /'
+  fi
+  files=${stage_file[$stage]}
+  for file in ${stage_results[$stage]}; do
+    [ -e "$OUTDIR/$file" ] && files+="${files:+, }$file"
+  done
+  summary+=("$(printf '%-10s %-8s %6s  %s' "$stage" "${status%%:*}" "${seconds}s" "$files")")
+  [[ "$status" == skipped* ]] && summary+=("$(printf '%-10s %s' "" "${status}")")
+done
+
+echo
+echo "gpu-check summary ($(( $(date +%s) - total_start )) s; files under $OUTDIR)"
+printf '%-10s %-8s %6s  %s\n' stage status time file
+printf '%s\n' "${summary[@]}"
+if [ "$any_failed" -ne 0 ]; then
+  echo "gpu-check: FAILED (see the logs named above)"
+  exit 1
+fi
+echo "gpu-check: all stages passed. Results for the notebooks: copy bench_vit.csv, bench_long.csv," \
+     "profile.csv, pytorch.csv and pytorch_info.txt to docs/results/<gpu>/."
