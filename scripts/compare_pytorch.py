@@ -127,7 +127,8 @@ class Bench:
         self.gpu = properties.name
         self.l2_bytes = getattr(properties, "L2_cache_size", 50 * 2 ** 20)  # older torch: H100's
         # A busy-wait kernel queued before the timed runs lets Python queue them all while the
-        # GPU is busy, so each event pair brackets GPU work, not Python's launch overhead.
+        # GPU is busy, so each event pair brackets GPU work, not Python's launch overhead (the
+        # bench does the same with hold_stream in common/timing.cu).
         self.sleep = getattr(torch.cuda, "_sleep", None)
 
     def _timed(self, launch, first, count):
