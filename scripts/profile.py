@@ -144,7 +144,7 @@ def command_for(step, args, ncu, report):
     if step == "eager":
         return profiler + [os.path.join(args.build_dir, "bench"), "--steps", "eager"] + shape
     binary = os.path.join(args.build_dir, "step" + step[1:])
-    return profiler + ["--kernel-name", "regex:" + args.kernel_regex, binary] + shape
+    return profiler + ["--kernel-name", "regex:" + args.kernel_regex, binary] + shape + ["--no-ceilings"]
 
 
 def to_float(text):
