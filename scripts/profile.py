@@ -179,6 +179,7 @@ def metric(kernel, units, name, scale=None):
     if value is None or scale is None:
         return value
     unit = units.get(name, "").strip()
+    unit = unit.removesuffix("/block")  # launch__shared_mem_per_block_* come in byte/block
     if unit and unit not in scale:
         return None  # a unit we do not know: an empty cell beats a wrong number
     return value * scale.get(unit, 1)
