@@ -91,12 +91,8 @@ GpuInfo open_device(int device) {
 }
 
 Ceilings measure_ceilings() {
-  cudaStream_t stream = nullptr;
-  CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  struct StreamGuard {
-    cudaStream_t stream;
-    ~StreamGuard() { cudaStreamDestroy(stream); }
-  } guard{stream};
+  const Stream owned_stream;
+  const cudaStream_t stream = owned_stream.get();
   Ceilings ceilings;
   ceilings.copy_gbps = copy_bandwidth_gbps(stream);
   ceilings.tensor_tflops = tensor_core_tflops(stream);

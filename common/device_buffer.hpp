@@ -1,5 +1,5 @@
-// RAII ownership of device memory: freed when the buffer goes out of scope, movable, not
-// copyable. Sizes are element counts of T.
+// RAII ownership of device resources: memory (freed when the buffer goes out of scope,
+// movable, not copyable; sizes are element counts of T) and a non-blocking stream.
 #pragma once
 
 #include <cstddef>
@@ -39,6 +39,19 @@ class DeviceBuffer {
  private:
   T* data_ = nullptr;
   std::size_t count_ = 0;
+};
+
+// A non-blocking stream, destroyed with its owner.
+class Stream {
+ public:
+  Stream() { CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking)); }
+  ~Stream() { cudaStreamDestroy(stream_); }
+  Stream(const Stream&) = delete;
+  Stream& operator=(const Stream&) = delete;
+  cudaStream_t get() const { return stream_; }
+
+ private:
+  cudaStream_t stream_ = nullptr;
 };
 
 }  // namespace attn

@@ -79,12 +79,8 @@ RunResult run_step(const StepInfo& step, const HostTensors& inputs, const Refere
                          : 1;
   while (sets > 1 && device_bytes_needed(step, shape, sets) > usable) --sets;
 
-  cudaStream_t stream = nullptr;
-  CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  struct StreamGuard {
-    cudaStream_t stream;
-    ~StreamGuard() { cudaStreamDestroy(stream); }
-  } guard{stream};
+  const Stream owned_stream;
+  const cudaStream_t stream = owned_stream.get();
 
   std::vector<DeviceSet> device_sets;
   device_sets.reserve(sets);
