@@ -34,7 +34,11 @@ fi
 if [ "$want_notebooks" = 1 ]; then
   if ! python3 -c 'import jupyter, nbconvert, nbformat, matplotlib, pandas' 2>/dev/null; then
     echo "setup.sh: installing Jupyter, matplotlib and pandas (pip)"
-    python3 -m pip install -q -r "$(dirname "$0")/../notebooks/requirements.txt"
+    requirements="$(dirname "$0")/../notebooks/requirements.txt"
+    # A distribution's own Python refuses pip (PEP 668, "externally managed"); these are
+    # leaf packages for the notebooks, so install them beside the system's anyway.
+    python3 -m pip install -q -r "$requirements" 2>/dev/null ||
+      python3 -m pip install -q --break-system-packages -r "$requirements"
   fi
 fi
 
