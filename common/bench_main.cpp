@@ -101,13 +101,28 @@ void print_table_row(const Record& r) {
               r.tflops(), r.gbps(), r.check.relative_error, r.status.c_str());
 }
 
+// The limits --list reports: this GPU's, or an H100's (said on stderr) when there is none.
+DeviceLimits list_limits(int device) {
+  try {
+    return open_device(device).limits();
+  } catch (const CudaError& error) {
+    const DeviceLimits h100{"NVIDIA H100", 90, 232448};
+    std::cerr << "bench: " << error.what() << "; limits shown for an " << h100.name << " (compute capability 9.0, "
+              << h100.shared_bytes_per_block << " bytes of shared memory per block)\n";
+    return h100;
+  }
+}
+
 int run(const BenchOptions& options) {
   if (options.list) {
+    const DeviceLimits device = list_limits(options.device);
     for (const StepInfo& step : registered_steps()) {
       std::string head_dims;
       for (int d : step.head_dims) head_dims += (head_dims.empty() ? "" : ",") + std::to_string(d);
-      std::cout << step.id << "\t" << (step.max_tokens ? std::to_string(step.max_tokens) : "any")
-                << "\t" << head_dims << "\t" << step.title << "\n";
+      const std::optional<int64_t> largest =
+          step.max_tokens(step.head_dims.front(), device.shared_bytes_per_block);
+      std::cout << step.id << "\t" << (largest ? std::to_string(*largest) : "any") << "\t"
+                << head_dims << "\t" << step.title << "\n";
     }
     return kExitPassed;
   }
@@ -143,7 +158,7 @@ int run(const BenchOptions& options) {
         record.gpu = gpu;
         record.ceilings = ceilings;
         record.date = today_utc();
-        if (auto reason = step.refuses(shape)) {
+        if (auto reason = step.refuses(shape, gpu.limits())) {
           record.status = "skipped: " + *reason;
         } else {
           try {

@@ -3,7 +3,10 @@
 // the fp16 tensor-core rate (a large cuBLAS GEMM, fp16 in, fp32 accumulate, random data).
 #pragma once
 
+#include <cstddef>
 #include <string>
+
+#include "step.hpp"
 
 namespace attn {
 
@@ -11,7 +14,10 @@ struct GpuInfo {
   std::string name;
   int sm_count = 0;
   int l2_bytes = 0;
-  int compute_capability = 0;  // e.g. 90
+  int compute_capability = 0;              // e.g. 90
+  std::size_t shared_bytes_per_block = 0;  // opt-in limit (cudaDevAttrMaxSharedMemoryPerBlockOptin)
+
+  DeviceLimits limits() const { return {name, compute_capability, shared_bytes_per_block}; }
 };
 
 struct Ceilings {
@@ -19,7 +25,10 @@ struct Ceilings {
   double tensor_tflops = 0;   // TFLOP/s, 1e12 FLOPs
 };
 
-// Selects the device, or throws CudaError ("no CUDA device ...") with one clear line.
+// Selects the device and reads what it is, or throws CudaError ("no CUDA device ...") with one
+// clear line. Testing aids, to see a step refuse as it would on a smaller GPU: the environment
+// variables ATTN_TEST_SHARED_MEMORY_BYTES and ATTN_TEST_COMPUTE_CAPABILITY (e.g. 101376, 80)
+// lower the limits read off the device (never raise them), and the GPU's name then says so.
 GpuInfo open_device(int device);
 Ceilings measure_ceilings();
 

@@ -21,6 +21,11 @@ bool comes_before(const StepInfo& a, const StepInfo& b) {
   return a.id < b.id;
 }
 
+// 90 -> "9.0"
+std::string capability(int value) {
+  return std::to_string(value / 10) + "." + std::to_string(value % 10);
+}
+
 std::string join(const std::vector<int>& values) {
   std::string text;
   for (int value : values) text += (text.empty() ? "" : ", ") + std::to_string(value);
@@ -34,11 +39,49 @@ std::optional<std::string> StepInfo::refuses(const Shape& shape) const {
     return id + " does not serve --head-dim " + std::to_string(shape.head_dim) +
            " (it serves head dims " + join(head_dims) + ")";
   }
-  if (max_tokens > 0 && shape.tokens > max_tokens) {
-    return id + " does not serve --tokens " + std::to_string(shape.tokens) + " (it serves N <= " +
-           std::to_string(max_tokens) + "; its chapter says why)";
-  }
   return std::nullopt;
+}
+
+std::optional<std::string> StepInfo::refuses_device(const DeviceLimits& device) const {
+  const bool too_old = device.compute_capability < min_compute_capability;
+  const bool too_new = max_compute_capability > 0 && device.compute_capability > max_compute_capability;
+  if (!too_old && !too_new) return std::nullopt;
+  const std::string needs = max_compute_capability == min_compute_capability
+                                ? "compute capability " + capability(min_compute_capability) +
+                                      " exactly (its code is built for that GPU family alone)"
+                                : "compute capability " + capability(min_compute_capability) +
+                                      " or newer";
+  return id + " needs a GPU of " + needs + "; this GPU, " + device.name + ", is " +
+         capability(device.compute_capability);
+}
+
+std::optional<std::string> StepInfo::refuses(const Shape& shape, const DeviceLimits& device) const {
+  if (auto reason = refuses(shape)) return reason;
+  if (auto reason = refuses_device(device)) return reason;
+  const Shape probe{shape.batch, shape.heads, std::min(shape.tokens, kLargestTokensProbed),
+                    shape.head_dim};
+  const std::size_t needed = shared_bytes_for(probe);
+  if (needed <= device.shared_bytes_per_block) return std::nullopt;
+  const std::optional<int64_t> largest = max_tokens(shape.head_dim, device.shared_bytes_per_block);
+  return id + " does not serve --tokens " + std::to_string(shape.tokens) + " on this GPU: it needs " +
+         std::to_string(needed) + " bytes of shared memory per block, " + device.name +
+         " allows " + std::to_string(device.shared_bytes_per_block) +
+         (largest && *largest > 0 ? " (the largest N it serves here is " + std::to_string(*largest) + ")"
+                                  : "");
+}
+
+std::optional<int64_t> StepInfo::max_tokens(int64_t head_dim, std::size_t shared_budget) const {
+  auto fits = [&](int64_t tokens) {
+    return shared_bytes_for(Shape{1, 1, tokens, head_dim}) <= shared_budget;
+  };
+  if (fits(kLargestTokensProbed)) return std::nullopt;
+  if (!fits(1)) return 0;
+  int64_t fitting = 1, too_many = kLargestTokensProbed;  // shared memory never shrinks as N grows
+  while (too_many - fitting > 1) {
+    const int64_t middle = fitting + (too_many - fitting) / 2;
+    (fits(middle) ? fitting : too_many) = middle;
+  }
+  return fitting;
 }
 
 bool register_step(StepInfo info) {

@@ -32,6 +32,17 @@ struct AttentionArgs {
 
 using LaunchFn = void (*)(const AttentionArgs&);
 using WorkspaceFn = std::size_t (*)(const Shape&);
+using SharedBytesFn = std::size_t (*)(const Shape&);
+
+// Shared-memory limits are searched up to this N; a step whose needs still fit there serves any N.
+constexpr int64_t kLargestTokensProbed = int64_t(1) << 30;
+
+// What a GPU allows, read off it once by the harness (open_device) and judged by refuses().
+struct DeviceLimits {
+  std::string name;
+  int compute_capability = 0;             // 10 * major + minor: 90 on an H100
+  std::size_t shared_bytes_per_block = 0;  // the opt-in limit of dynamic shared memory per block
+};
 
 enum class StepKind { step, baseline };
 
@@ -39,13 +50,29 @@ struct StepInfo {
   std::string id;                  // "v0", "v1", ... (given by CMake), or a baseline's name
   std::string title;               // one line: the idea of the step
   std::vector<int> head_dims;      // the head dims it serves
-  int max_tokens = 0;              // largest N it serves; 0 means any N
+  // The GPUs whose instructions it uses: 75 (any GPU CUDA 13 builds for), 80 (cp.async,
+  // mma.sync.m16n8k16), 90 (TMA, wgmma). max 0: every newer GPU too; 90: Hopper alone
+  // (sm_90a code runs on compute capability 9.0 and nothing else).
+  int min_compute_capability = 75;
+  int max_compute_capability = 0;
+  SharedBytesFn shared_bytes = nullptr;  // dynamic shared memory per block at a shape; nullptr: none
   LaunchFn launch = nullptr;
   WorkspaceFn workspace_bytes = nullptr;  // scratch the launch needs; nullptr means none
   StepKind kind = StepKind::step;
 
-  // Why this step refuses the shape, in one line that names the flag; nothing if it serves it.
+  // Why this step refuses the shape on any GPU (a head dim it does not serve), in one line that
+  // names the flag; nothing if it serves it.
   std::optional<std::string> refuses(const Shape& shape) const;
+  // Why it cannot run on this GPU at all (its compute capability), or nothing.
+  std::optional<std::string> refuses_device(const DeviceLimits& device) const;
+  // Everything: the shape, the GPU, and the shared memory the shape needs against its limit.
+  std::optional<std::string> refuses(const Shape& shape, const DeviceLimits& device) const;
+  // The largest N served at head dim D within `shared_budget` bytes per block: nullopt when
+  // every N fits, 0 when none does. Shared memory grows with N or not at all.
+  std::optional<int64_t> max_tokens(int64_t head_dim, std::size_t shared_budget) const;
+  std::size_t shared_bytes_for(const Shape& shape) const {
+    return shared_bytes ? shared_bytes(shape) : 0;
+  }
   std::size_t workspace_for(const Shape& shape) const {
     return workspace_bytes ? workspace_bytes(shape) : 0;
   }

@@ -30,6 +30,7 @@ int run_step_program(const StepInfo& step, int argc, const char* const* argv, st
     record.shape = options.shape;
     record.date = today_utc();
     record.gpu = open_device(options.device);
+    if (auto reason = step.refuses(options.shape, record.gpu.limits())) throw UsageError(*reason);
     ensure_fits(step, options.shape);  // before drawing gigabytes of host inputs
     if (options.measure_ceilings) record.ceilings = measure_ceilings();
 

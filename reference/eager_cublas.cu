@@ -87,7 +87,9 @@ void launch_eager(const attn::AttentionArgs& args) {
 ATTN_REGISTER_STEP(attn::StepInfo{"eager",
                                   "cuBLAS eager baseline: GEMM -> softmax -> GEMM, N x N scores in device memory",
                                   {32, 64, 80, 128},
+                                  75,
                                   0,
+                                  nullptr,
                                   launch_eager,
                                   scores_bytes,
                                   attn::StepKind::baseline})

@@ -1,5 +1,6 @@
-// The GPU suite's main: gpu_tests --step=ID [doctest options]. Without a CUDA device it says
-// so and exits 77, which ctest reports as skipped (SKIP_RETURN_CODE), never as passed.
+// The GPU suite's main: gpu_tests --step=ID [doctest options]. Without a CUDA device, or on a GPU
+// the step cannot run on (its compute capability), it says so and exits 77, which ctest reports
+// as skipped (SKIP_RETURN_CODE), never as passed.
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 #include <cuda_runtime.h>
@@ -9,14 +10,18 @@
 #include <string>
 #include <vector>
 
+#include "ceilings.hpp"
+#include "cuda_check.hpp"
 #include "gpu_support.hpp"
 
 namespace {
 const attn::StepInfo* selected = nullptr;
+attn::DeviceLimits device;
 constexpr int kSkipped = 77;
 }  // namespace
 
 const attn::StepInfo& step_under_test() { return *selected; }
+const attn::DeviceLimits& device_under_test() { return device; }
 
 int main(int argc, char** argv) {
   std::string id;
@@ -39,6 +44,17 @@ int main(int argc, char** argv) {
     std::cout << "SKIPPED: no CUDA device ("
               << (status == cudaSuccess ? "0 devices" : cudaGetErrorString(status))
               << "); the GPU suite for " << id << " did not run\n";
+    return kSkipped;
+  }
+  try {
+    device = attn::open_device(0).limits();
+  } catch (const attn::CudaError& error) {
+    std::cerr << "gpu_tests: " << error.what() << "\n";
+    return 3;
+  }
+  // A GPU the step's instructions do not run on: skipped with the reason, never passed or failed.
+  if (auto reason = selected->refuses_device(device)) {
+    std::cout << "SKIPPED: " << *reason << "; the GPU suite for " << id << " did not run\n";
     return kSkipped;
   }
   doctest::Context context(int(doctest_args.size()), doctest_args.data());

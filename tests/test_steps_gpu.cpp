@@ -19,7 +19,9 @@ const int64_t kTokens[] = {1, 2, 17, 64, 65, 127, 128, 197, 577, 1025};
 const int64_t kHeadlineTokens[] = {197, 577, 1025};
 const int64_t kLongTokens[] = {2049, 4097, 16385};  // for steps with no N limit
 
-bool serves(const attn::StepInfo& step, const Shape& shape) { return !step.refuses(shape); }
+bool serves(const attn::StepInfo& step, const Shape& shape) {
+  return !step.refuses(shape, device_under_test());
+}
 
 attn::CheckResult check_step(const attn::StepInfo& step, const Shape& shape, CheckMode mode,
                              double qk_scale = 1.0, uint64_t seed = 17) {
@@ -69,8 +71,8 @@ TEST_CASE("headline ViT shapes at B = 32, H = 12 (sampled slices)") {
 
 TEST_CASE("long sequences, every head dim, for steps without an N limit") {
   const attn::StepInfo& step = step_under_test();
-  if (step.max_tokens != 0) return;
   for (int head_dim : step.head_dims) {
+    if (step.max_tokens(head_dim, device_under_test().shared_bytes_per_block)) continue;
     for (int64_t tokens : kLongTokens) {
       const Shape shape{1, 2, tokens, head_dim};
       CAPTURE(shape.str());
@@ -103,13 +105,19 @@ TEST_CASE("run-to-run equality: the same inputs give the same bits") {
 
 TEST_CASE("refuses what it does not serve, with a reason naming the flag") {
   const attn::StepInfo& step = step_under_test();
-  const auto reason = step.refuses({1, 1, 64, 48});  // no step serves head dim 48
+  const attn::DeviceLimits& device = device_under_test();
+  const auto reason = step.refuses({1, 1, 64, 48}, device);  // no step serves head dim 48
   REQUIRE(reason.has_value());
   CHECK(reason->find("--head-dim 48") != std::string::npos);
-  if (step.max_tokens != 0) {
-    const auto too_long = step.refuses({1, 1, step.max_tokens + 1, 64});
+  if (const auto largest = step.max_tokens(64, device.shared_bytes_per_block)) {
+    REQUIRE(*largest > 0);
+    CHECK(serves(step, {1, 1, *largest, 64}));
+    const auto too_long = step.refuses({1, 1, *largest + 1, 64}, device);
     REQUIRE(too_long.has_value());
     CHECK(too_long->find("--tokens") != std::string::npos);
-    CHECK(serves(step, {1, 1, 1025, 64}));  // every step serves the ViT shapes
+    CHECK(too_long->find(std::to_string(device.shared_bytes_per_block)) != std::string::npos);
+  }
+  if (device.shared_bytes_per_block >= 166912) {  // an A100's budget or more
+    CHECK(serves(step, {1, 1, 1025, 64}));         // every step serves the ViT shapes
   }
 }

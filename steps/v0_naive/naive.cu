@@ -64,4 +64,4 @@ void launch_naive(const attn::AttentionArgs& args) {
 }  // namespace
 
 ATTN_REGISTER_STEP(attn::StepInfo{ATTN_STEP_ID, "naive: one thread per output element",
-                                  {32, 64, 80, 128}, 0, launch_naive})
+                                  {32, 64, 80, 128}, 75, 0, nullptr, launch_naive})
