@@ -109,6 +109,10 @@ GpuInfo open_device(int device) {
                     std::to_string(count) + " CUDA device(s)");
   }
   CUDA_CHECK(cudaSetDevice(device));
+  return describe_device(device);
+}
+
+GpuInfo describe_device(int device) {
   cudaDeviceProp properties{};
   CUDA_CHECK(cudaGetDeviceProperties(&properties, device));
   int shared_optin = 0;

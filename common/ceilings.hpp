@@ -30,6 +30,8 @@ struct Ceilings {
 // variables ATTN_TEST_SHARED_MEMORY_BYTES and ATTN_TEST_COMPUTE_CAPABILITY (e.g. 101376, 80)
 // lower the limits read off the device (never raise them), and the GPU's name then says so.
 GpuInfo open_device(int device);
+// The same facts (testing aids included) about an existing device, without selecting it.
+GpuInfo describe_device(int device);
 Ceilings measure_ceilings();
 
 }  // namespace attn
