@@ -1,0 +1,284 @@
+// Step v7: Hopper's copy engine and asynchronous tensor cores. The algorithm is v6's (K and V
+// streamed tile by tile, an online softmax, P kept in registers); what moves the data and what
+// multiplies it changes:
+//
+//   - the tensor memory accelerator (TMA) copies whole Q, K and V tiles from device memory into
+//     shared memory. One thread issues a copy of a box of a tensor map; the hardware computes
+//     the addresses, zero-fills rows past N and reports the bytes on an mbarrier. No thread
+//     spends instructions on addresses, and loads need no tail test;
+//   - wgmma: a warpgroup of 4 warps multiplies a 64-row tile in one asynchronous instruction
+//     stream. S = Q K^T reads both operands straight from shared memory through descriptors (no
+//     ldmatrix); O += P V takes P from registers, as v6 did, and V from shared memory;
+//   - two stages of K and V: tile j + 1 lands while tile j is used, as with v6's cp.async, but a
+//     thread waits on a barrier's phase instead of counting committed groups;
+//   - O leaves through shared memory and a TMA store, which drops rows past N.
+//
+// Two warpgroups share each K and V tile: 128 query rows per block. Every thread computes; one
+// of them also issues the copies. Serves head dims 64 and 128 (whole 64-column swizzle blocks).
+// The wrappers of the new instructions are in hopper.cuh beside this file.
+#include <cuda_fp16.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "cuda_check.hpp"
+#include "step.hpp"
+#include "v7_tma_wgmma/hopper.cuh"
+
+namespace {
+
+__device__ __forceinline__ uint32_t pack_half2(float low, float high) {
+  const __half2 pair = __floats2half2_rn(low, high);
+  return *reinterpret_cast<const uint32_t*>(&pair);
+}
+
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// ---- Tile geometry and shared memory --------------------------------------------------------
+
+template <int kHeadDim>
+struct Tiles {
+  static constexpr int kWarpGroups = 2;
+  static constexpr int kThreads = 128 * kWarpGroups;
+  static constexpr int kBlockM = 64 * kWarpGroups;  // query rows per block: wgmma's M per group
+  static constexpr int kBlockN = 128;               // keys per K and V tile
+  static constexpr int kStages = 2;
+  static constexpr int kColumnBlocks = kHeadDim / hopper::kSwizzleColumns;
+  static constexpr int kDSteps = kHeadDim / 16;     // k-steps of Q K^T
+  static constexpr int kKeySteps = kBlockN / 16;    // k-steps of P V
+  static constexpr uint32_t kQBytes = kBlockM * kHeadDim * sizeof(__half);
+  static constexpr uint32_t kKVBytes = kBlockN * kHeadDim * sizeof(__half);  // one K or V tile
+  // Q, then the K stages, then the V stages (each a multiple of 1024 bytes), then the barriers;
+  // 1024 bytes of slack let the kernel align the start to the swizzle pattern's 1024 bytes.
+  static constexpr uint32_t kKOffset = kQBytes;
+  static constexpr uint32_t kVOffset = kKOffset + kStages * kKVBytes;
+  static constexpr uint32_t kBarrierOffset = kVOffset + kStages * kKVBytes;
+  static constexpr uint32_t kSharedBytes = kBarrierOffset + (1 + kStages) * sizeof(uint64_t) + 1024;
+  static_assert(kHeadDim % hopper::kSwizzleColumns == 0, "whole 64-column swizzle blocks");
+  static_assert(kQBytes % 1024 == 0 && kKVBytes % 1024 == 0, "tiles keep 1024-byte alignment");
+};
+
+// ---- The kernel -----------------------------------------------------------------------------
+
+// One block: kBlockM query rows of one (b, h) slice; warpgroup g owns rows 64g..64g+63 of them.
+// A thread holds two of its warpgroup's rows (hopper.cuh gives the accumulator layout): row
+// lane/4 of its warp's 16 ("half" 0) and that row + 8 (half 1), a quarter of each row's columns.
+template <int kHeadDim>
+__global__ void __launch_bounds__(Tiles<kHeadDim>::kThreads, 1)
+    tma_wgmma_attention_kernel(const __grid_constant__ CUtensorMap q_map,
+                               const __grid_constant__ CUtensorMap k_map,
+                               const __grid_constant__ CUtensorMap v_map,
+                               const __grid_constant__ CUtensorMap o_map, int tokens,
+                               int row_tiles, float scale_log2) {
+  using T = Tiles<kHeadDim>;
+  extern __shared__ unsigned char shared_raw[];
+  unsigned char* shared = shared_raw + (1024 - hopper::shared_address(shared_raw) % 1024) % 1024;
+  __half* q_tile = reinterpret_cast<__half*>(shared);                      // [column block][kBlockM][64]
+  __half* k_tiles = reinterpret_cast<__half*>(shared + T::kKOffset);       // [stage][column block][kBlockN][64]
+  __half* v_tiles = reinterpret_cast<__half*>(shared + T::kVOffset);       // the same for V
+  uint64_t* q_full = reinterpret_cast<uint64_t*>(shared + T::kBarrierOffset);
+  uint64_t* kv_full = q_full + 1;  // one per stage
+  constexpr int kKVHalves = T::kKVBytes / sizeof(__half);
+
+  const int warp_group = threadIdx.x / 128;
+  const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
+  const int quad_lane = lane % 4;
+  const int row_tile = blockIdx.x % row_tiles;  // consecutive blocks share a slice's K and V
+  const int slice = blockIdx.x / row_tiles;
+  const int row0 = row_tile * T::kBlockM;
+  const int kv_tiles = (tokens + T::kBlockN - 1) / T::kBlockN;
+
+  // One thread sets up the barriers and issues every copy; all threads wait on the barriers.
+  const bool copier = threadIdx.x == 0;
+  auto load_kv_tile = [&](int tile) {
+    const int stage = tile % T::kStages;
+    hopper::mbarrier_arrive_expect_bytes(&kv_full[stage], 2 * T::kKVBytes);
+    for (int c = 0; c < T::kColumnBlocks; ++c) {
+      const int offset = stage * kKVHalves + c * T::kBlockN * hopper::kSwizzleColumns;
+      hopper::tma_load(k_tiles + offset, &k_map, &kv_full[stage], c * hopper::kSwizzleColumns,
+                       tile * T::kBlockN, slice);
+      hopper::tma_load(v_tiles + offset, &v_map, &kv_full[stage], c * hopper::kSwizzleColumns,
+                       tile * T::kBlockN, slice);
+    }
+  };
+  if (copier) {
+    hopper::mbarrier_init(q_full, 1);
+    for (int stage = 0; stage < T::kStages; ++stage) hopper::mbarrier_init(&kv_full[stage], 1);
+    hopper::fence_barrier_init();
+  }
+  __syncthreads();
+  if (copier) {
+    hopper::mbarrier_arrive_expect_bytes(q_full, T::kQBytes);
+    for (int c = 0; c < T::kColumnBlocks; ++c) {
+      hopper::tma_load(q_tile + c * T::kBlockM * hopper::kSwizzleColumns, &q_map, q_full,
+                       c * hopper::kSwizzleColumns, row0, slice);
+    }
+    for (int tile = 0; tile < min(T::kStages, kv_tiles); ++tile) load_kv_tile(tile);
+  }
+
+  // Descriptors of this warpgroup's 64 rows of Q (K-major: rows of D). The K and V tiles of a
+  // stage get theirs in the loop; a k-step moves a descriptor along D (32 bytes within a
+  // 128-byte swizzled row, or to the next column block) or, for V, down 16 keys (2048 bytes).
+  const uint64_t q_descriptor =
+      hopper::matrix_descriptor(q_tile + warp_group * 64 * hopper::kSwizzleColumns, 0, 1024);
+
+  float o_acc[kHeadDim / 2] = {};  // this thread's share of the warpgroup's 64 x D output
+  float row_max[2] = {-INFINITY, -INFINITY};  // raw score units
+  float row_sum[2] = {0.0f, 0.0f};            // this lane's share; the quad's sum at the end
+  hopper::mbarrier_wait(q_full, 0);
+
+  for (int tile = 0; tile < kv_tiles; ++tile) {
+    const int stage = tile % T::kStages;
+    hopper::mbarrier_wait(&kv_full[stage], (tile / T::kStages) % 2);  // K and V have landed
+    const uint64_t k_descriptor = hopper::matrix_descriptor(k_tiles + stage * kKVHalves, 0, 1024);
+    // V is MN-major for P V (its rows are the k dimension): 64-column blocks of D lie
+    // kBlockN rows of 128 bytes apart.
+    const uint64_t v_descriptor =
+        hopper::matrix_descriptor(v_tiles + stage * kKVHalves, T::kBlockN * 128, 1024);
+
+    // BEGIN EXERCISE: S = Q K^T for this warpgroup's 64 rows: one wgmma per 16 columns of D
+    float s_acc[T::kBlockN / 2];
+    hopper::wgmma_fence();
+    for (int step = 0; step < T::kDSteps; ++step) {
+      const uint32_t column_block = step / 4, within_row = (step % 4) * 32;  // bytes
+      hopper::wgmma_ss(s_acc,
+                       hopper::advance(q_descriptor, column_block * T::kBlockM * 128 + within_row),
+                       hopper::advance(k_descriptor, column_block * T::kBlockN * 128 + within_row),
+                       step > 0);
+    }
+    hopper::wgmma_commit();
+    // END EXERCISE
+    hopper::wgmma_wait<0>();
+    hopper::fence_registers(s_acc);
+
+    // Keys past N exist only in the last tile (TMA filled their K rows with zeros): -inf, p = 0.
+    const int tile_keys = min(T::kBlockN, tokens - tile * T::kBlockN);
+    if (tile_keys < T::kBlockN) {
+      for (int i = 0; i < T::kBlockN / 8; ++i) {
+        for (int e = 0; e < 4; ++e) {
+          if (8 * i + 2 * quad_lane + e % 2 >= tile_keys) s_acc[4 * i + e] = -INFINITY;
+        }
+      }
+    }
+
+    // The online softmax of v6, for this thread's two rows.
+    for (int half = 0; half < 2; ++half) {
+      float tile_max = row_max[half];
+      for (int i = 0; i < T::kBlockN / 8; ++i) {
+        tile_max = fmaxf(tile_max, fmaxf(s_acc[4 * i + 2 * half], s_acc[4 * i + 2 * half + 1]));
+      }
+      tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));  // across the quad
+      tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
+      const float max_scaled = tile_max * scale_log2;
+      const float correction = fast_exp2(row_max[half] * scale_log2 - max_scaled);  // 0 at first
+      row_max[half] = tile_max;
+      row_sum[half] *= correction;
+      for (int d = 0; d < kHeadDim / 8; ++d) {
+        o_acc[4 * d + 2 * half] *= correction;
+        o_acc[4 * d + 2 * half + 1] *= correction;
+      }
+      for (int i = 0; i < T::kBlockN / 8; ++i) {
+        for (int e = 2 * half; e < 2 * half + 2; ++e) {
+          s_acc[4 * i + e] = fast_exp2(fmaf(s_acc[4 * i + e], scale_log2, -max_scaled));
+          row_sum[half] += s_acc[4 * i + e];
+        }
+      }
+    }
+
+    // O += P V. As in v6, the accumulators of two neighbouring 8-key blocks, packed to fp16, are
+    // the A operand of one 16-key step: wgmma takes P from registers.
+    uint32_t p_fragments[T::kKeySteps][4];
+    for (int step = 0; step < T::kKeySteps; ++step) {
+      p_fragments[step][0] = pack_half2(s_acc[8 * step + 0], s_acc[8 * step + 1]);
+      p_fragments[step][1] = pack_half2(s_acc[8 * step + 2], s_acc[8 * step + 3]);
+      p_fragments[step][2] = pack_half2(s_acc[8 * step + 4], s_acc[8 * step + 5]);
+      p_fragments[step][3] = pack_half2(s_acc[8 * step + 6], s_acc[8 * step + 7]);
+      hopper::fence_registers(p_fragments[step]);
+    }
+    hopper::fence_registers(o_acc);
+    hopper::wgmma_fence();  // o_acc was rescaled by ordinary instructions just now
+    for (int step = 0; step < T::kKeySteps; ++step) {
+      hopper::wgmma_rs(o_acc, p_fragments[step], hopper::advance(v_descriptor, step * 16 * 128), true);
+    }
+    hopper::wgmma_commit();
+    hopper::wgmma_wait<0>();
+    hopper::fence_registers(o_acc);
+    for (int step = 0; step < T::kKeySteps; ++step) hopper::fence_registers(p_fragments[step]);
+
+    // Both warpgroups are done with this stage (their wgmma have completed): refill it.
+    __syncthreads();
+    if (copier && tile + T::kStages < kv_tiles) load_kv_tile(tile + T::kStages);
+  }
+
+  // Normalise and stage this warpgroup's 64 rows of O in its own rows of the Q tile (only its
+  // own S = Q K^T read them, all complete), in the swizzled layout the TMA store reads; then
+  // one thread stores them. Rows past N are dropped by the store.
+  float inverse[2];
+  for (int half = 0; half < 2; ++half) {
+    float total = row_sum[half];
+    total += __shfl_xor_sync(0xffffffffu, total, 1);
+    total += __shfl_xor_sync(0xffffffffu, total, 2);
+    inverse[half] = 1.0f / total;
+  }
+  unsigned char* o_stage = reinterpret_cast<unsigned char*>(q_tile);
+  for (int d = 0; d < kHeadDim / 8; ++d) {
+    for (int half = 0; half < 2; ++half) {
+      const int row = warp_group * 64 + warp * 16 + lane / 4 + 8 * half;
+      *reinterpret_cast<__half2*>(o_stage + hopper::swizzled_offset(row, 8 * d + 2 * quad_lane, T::kBlockM)) =
+          __floats2half2_rn(o_acc[4 * d + 2 * half] * inverse[half],
+                            o_acc[4 * d + 2 * half + 1] * inverse[half]);
+    }
+  }
+  hopper::fence_async_shared();  // these ordinary stores are read next by the copy engine
+  hopper::named_barrier_sync(1 + warp_group, 128);
+  if (threadIdx.x % 128 == 0) {
+    for (int c = 0; c < T::kColumnBlocks; ++c) {
+      hopper::tma_store(&o_map, q_tile + (c * T::kBlockM + warp_group * 64) * hopper::kSwizzleColumns,
+                        c * hopper::kSwizzleColumns, row0 + warp_group * 64, slice);
+    }
+    hopper::tma_store_commit();
+    hopper::tma_store_wait();  // shared memory must outlive the copy's reads
+  }
+}
+
+// ---- Launch ---------------------------------------------------------------------------------
+
+template <int kHeadDim>
+void launch_for(const attn::AttentionArgs& args) {
+  using T = Tiles<kHeadDim>;
+  const int64_t slices = int64_t(args.batch) * args.heads;
+  const CUtensorMap q_map = hopper::tensor_map(args.q, slices, args.tokens, kHeadDim, T::kBlockM);
+  const CUtensorMap k_map = hopper::tensor_map(args.k, slices, args.tokens, kHeadDim, T::kBlockN);
+  const CUtensorMap v_map = hopper::tensor_map(args.v, slices, args.tokens, kHeadDim, T::kBlockN);
+  const CUtensorMap o_map = hopper::tensor_map(args.o, slices, args.tokens, kHeadDim, 64);
+  auto kernel = tma_wgmma_attention_kernel<kHeadDim>;
+  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  int(T::kSharedBytes)));
+  const int row_tiles = (args.tokens + T::kBlockM - 1) / T::kBlockM;
+  const float scale_log2 = float(M_LOG2E / std::sqrt(double(kHeadDim)));
+  kernel<<<unsigned(int64_t(row_tiles) * slices), T::kThreads, T::kSharedBytes, args.stream>>>(
+      q_map, k_map, v_map, o_map, args.tokens, row_tiles, scale_log2);
+  CUDA_CHECK_LAUNCH();
+}
+
+void launch_tma_wgmma(const attn::AttentionArgs& args) {
+  switch (args.head_dim) {
+    case 64: return launch_for<64>(args);
+    case 128: return launch_for<128>(args);
+  }
+}
+
+// Independent of N: Q, two K and two V tiles.
+std::size_t shared_bytes_needed(const attn::Shape& shape) {
+  return shape.head_dim == 128 ? Tiles<128>::kSharedBytes : Tiles<64>::kSharedBytes;
+}
+
+}  // namespace
+
+ATTN_REGISTER_STEP(attn::StepInfo{ATTN_STEP_ID,
+                                  "TMA + wgmma: the copy engine and asynchronous tensor cores",
+                                  {64, 128}, 90, 90, shared_bytes_needed, launch_tma_wgmma})
