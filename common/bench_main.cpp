@@ -2,6 +2,8 @@
 // the same inputs, against the same reference. Writes one CSV row per (step, shape) in the
 // schema of report.hpp, and a table for people. A new step joins by being linked in.
 #include <cstdio>
+#include <iterator>
+#include <optional>
 #include <fstream>
 #include <iostream>
 #include <map>
@@ -30,17 +32,24 @@ struct BenchOptions {
   std::string csv_path;
   int device = 0;
   bool list = false;
+  bool gpu_table = false;
 };
 
 const char* kUsage =
     "usage: bench [--steps all|ID,ID,...] [--tokens N,N,...] [--head-dim D,D,...] [--batch B]\n"
     "             [--heads H] [--iters I] [--warmup W] [--seed S] [--check sample|full|none]\n"
-    "             [--csv FILE] [--device K] [--list]\n"
-    "--list prints one line per step: id, largest N (or any), head dims, title.\n"
+    "             [--csv FILE] [--device K] [--list] [--gpu-table]\n"
+    "--list prints one tab-separated line per step and baseline: id, the largest N it serves on\n"
+    "  this GPU at its first head dim (a number, 'any', or 'none' when this GPU cannot run it),\n"
+    "  head dims, compute capability ('8.0+': 8.0 or newer; '9.0': that one alone), title.\n"
+    "  The GPU whose limits it used is named on stderr; with no GPU, an H100's.\n"
+    "--gpu-table prints, as a Markdown table, each step's compute capability and the largest N\n"
+    "  at D = 64 for the shared memory per block of common GPUs (README: Which GPU do I need).\n"
     "Runs every registered step (or the ones named) and the baselines over each token count\n"
     "and head dim, checks each against the fp64 reference, and writes one CSV row per run\n"
     "(to FILE, or to stdout when no --csv is given). Defaults: all steps, tokens 197,577,1025,\n"
-    "head dim 64, batch 32, heads 12; iters as in the step executables.\n"
+    "head dim 64, batch 32, heads 12; iters as in the step executables. A shape a step refuses\n"
+    "on this GPU (head dim, shared memory, compute capability) is a row 'skipped: <why>'.\n"
     "Exit codes: 0 all checks passed, 1 a check failed, 2 usage error, 3 CUDA error.\n";
 
 BenchOptions parse(int argc, char** argv) {
@@ -56,6 +65,8 @@ BenchOptions parse(int argc, char** argv) {
       std::exit(0);
     } else if (name == "--list") {
       options.list = true;
+    } else if (name == "--gpu-table") {
+      options.gpu_table = true;
     } else if (name == "--steps") {
       const std::string list = value();
       if (list != "all") {
@@ -101,29 +112,80 @@ void print_table_row(const Record& r) {
               r.tflops(), r.gbps(), r.check.relative_error, r.status.c_str());
 }
 
-// The limits --list reports: this GPU's, or an H100's (said on stderr) when there is none.
+// The limits --list reports: this GPU's, or an H100's when there is none; stderr says which.
 DeviceLimits list_limits(int device) {
+  DeviceLimits limits;
+  std::string whose;
   try {
-    return open_device(device).limits();
+    limits = open_device(device).limits();
+    whose = "limits of this GPU, ";
   } catch (const CudaError& error) {
-    const DeviceLimits h100{"NVIDIA H100", 90, 232448};
-    std::cerr << "bench: " << error.what() << "; limits shown for an " << h100.name << " (compute capability 9.0, "
-              << h100.shared_bytes_per_block << " bytes of shared memory per block)\n";
-    return h100;
+    limits = with_testing_aids(h100_limits());
+    whose = std::string(error.what()) + "; limits of an ";
+  }
+  std::cerr << "bench: " << whose << limits.name << " (compute capability "
+            << compute_capability_text(limits.compute_capability) << ", "
+            << limits.shared_bytes_per_block << " bytes of shared memory per block)\n";
+  return limits;
+}
+
+std::string comma_separated(const std::vector<int>& values) {
+  std::string text;
+  for (int value : values) text += (text.empty() ? "" : ",") + std::to_string(value);
+  return text;
+}
+
+// The largest N a step serves at head dim D within these limits: a number, "any", or "none"
+// (the GPU's compute capability is outside the step's range, or no N fits).
+std::string largest_tokens(const StepInfo& step, int64_t head_dim, const DeviceLimits& limits) {
+  if (step.refuses_device(limits)) return "none";
+  const std::optional<int64_t> largest = step.max_tokens(head_dim, limits.shared_bytes_per_block);
+  if (!largest) return "any";
+  return *largest > 0 ? std::to_string(*largest) : "none";
+}
+
+void print_list(const DeviceLimits& limits) {
+  for (const StepInfo& step : registered_steps()) {
+    std::cout << step.id << "\t" << largest_tokens(step, step.head_dims.front(), limits) << "\t"
+              << comma_separated(step.head_dims) << "\t" << step.compute_capability_range() << "\t"
+              << step.title << "\n";
+  }
+}
+
+// README's "Which GPU do I need": per step, its compute capability and the largest N at D = 64
+// for each common shared-memory budget; "-" where no GPU of that column can run the step.
+void print_gpu_table() {
+  constexpr int64_t kHeadDim = 64;
+  std::cout << "| step | compute capability |";
+  for (const SharedBudget& budget : kSharedBudgets) std::cout << " " << budget.label << " (" << budget.gpus << ") |";
+  std::cout << "\n|---|---|";
+  for (std::size_t i = 0; i < std::size(kSharedBudgets); ++i) std::cout << "---:|";
+  std::cout << "\n";
+  for (const StepInfo& step : registered_steps()) {
+    std::cout << "| " << step.id << (step.kind == StepKind::baseline ? " (baseline)" : "") << " | "
+              << step.compute_capability_range() << " |";
+    for (const SharedBudget& budget : kSharedBudgets) {
+      bool runs = false;
+      for (int capability : budget.capabilities) {
+        if (capability == 0) break;
+        runs = runs || !step.refuses_device({"", capability, budget.bytes});
+      }
+      const bool serves_d = !step.refuses({1, 1, 1, kHeadDim});
+      const std::string cell =
+          runs && serves_d ? largest_tokens(step, kHeadDim, {"", step.min_compute_capability, budget.bytes}) : "-";
+      std::cout << " " << cell << " |";
+    }
+    std::cout << "\n";
   }
 }
 
 int run(const BenchOptions& options) {
+  if (options.gpu_table) {
+    print_gpu_table();
+    return kExitPassed;
+  }
   if (options.list) {
-    const DeviceLimits device = list_limits(options.device);
-    for (const StepInfo& step : registered_steps()) {
-      std::string head_dims;
-      for (int d : step.head_dims) head_dims += (head_dims.empty() ? "" : ",") + std::to_string(d);
-      const std::optional<int64_t> largest =
-          step.max_tokens(step.head_dims.front(), device.shared_bytes_per_block);
-      std::cout << step.id << "\t" << (largest ? std::to_string(*largest) : "any") << "\t"
-                << head_dims << "\t" << step.title << "\n";
-    }
+    print_list(list_limits(options.device));
     return kExitPassed;
   }
   const GpuInfo gpu = open_device(options.device);

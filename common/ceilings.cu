@@ -70,28 +70,6 @@ double tensor_core_tflops(cudaStream_t stream) {
   return 2.0 * double(kSize) * kSize * kSize / (stats.median_us * 1e-6) / 1e12;
 }
 
-// The testing aids of open_device(): a variable that is set lowers a limit, and the name says so.
-void lower_for_testing(GpuInfo& gpu) {
-  std::string lowered;
-  auto lower = [&](const char* variable, auto& limit) {
-    const char* text = std::getenv(variable);
-    if (text == nullptr || *text == '\0') return;
-    char* end = nullptr;
-    const long long value = std::strtoll(text, &end, 10);
-    if (*end != '\0' || value < 0) {
-      throw CudaError(std::string(variable) + "='" + text + "' is not a non-negative integer");
-    }
-    using Limit = std::decay_t<decltype(limit)>;
-    if (Limit(value) < limit) {
-      limit = Limit(value);
-      lowered += std::string(lowered.empty() ? "" : ", ") + variable + "=" + text;
-    }
-  };
-  lower("ATTN_TEST_SHARED_MEMORY_BYTES", gpu.shared_bytes_per_block);
-  lower("ATTN_TEST_COMPUTE_CAPABILITY", gpu.compute_capability);
-  if (!lowered.empty()) gpu.name += " [limits lowered by " + lowered + "]";
-}
-
 }  // namespace
 
 GpuInfo open_device(int device) {
@@ -119,8 +97,34 @@ GpuInfo describe_device(int device) {
   CUDA_CHECK(cudaDeviceGetAttribute(&shared_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
   GpuInfo gpu{properties.name, properties.multiProcessorCount, properties.l2CacheSize,
               properties.major * 10 + properties.minor, std::size_t(shared_optin)};
-  lower_for_testing(gpu);
+  const DeviceLimits limits = with_testing_aids(gpu.limits());
+  gpu.name = limits.name;
+  gpu.compute_capability = limits.compute_capability;
+  gpu.shared_bytes_per_block = limits.shared_bytes_per_block;
   return gpu;
+}
+
+// A variable that is set lowers a limit (never raises it), and the name says so.
+DeviceLimits with_testing_aids(DeviceLimits limits) {
+  std::string lowered;
+  auto lower = [&](const char* variable, auto& limit) {
+    const char* text = std::getenv(variable);
+    if (text == nullptr || *text == '\0') return;
+    char* end = nullptr;
+    const long long value = std::strtoll(text, &end, 10);
+    if (*end != '\0' || value < 0) {
+      throw CudaError(std::string(variable) + "='" + text + "' is not a non-negative integer");
+    }
+    using Limit = std::decay_t<decltype(limit)>;
+    if (Limit(value) < limit) {
+      limit = Limit(value);
+      lowered += std::string(lowered.empty() ? "" : ", ") + variable + "=" + text;
+    }
+  };
+  lower("ATTN_TEST_SHARED_MEMORY_BYTES", limits.shared_bytes_per_block);
+  lower("ATTN_TEST_COMPUTE_CAPABILITY", limits.compute_capability);
+  if (!lowered.empty()) limits.name += " [limits lowered by " + lowered + "]";
+  return limits;
 }
 
 Ceilings measure_ceilings() {

@@ -32,6 +32,11 @@ struct Ceilings {
 GpuInfo open_device(int device);
 // The same facts (testing aids included) about an existing device, without selecting it.
 GpuInfo describe_device(int device);
+// The testing aids above, applied to any limits (bench --list applies them to the H100 it
+// assumes when there is no GPU). Throws CudaError when a variable is not a non-negative integer.
+DeviceLimits with_testing_aids(DeviceLimits limits);
+// What bench --list assumes when there is no GPU: an H100's limits.
+inline DeviceLimits h100_limits() { return {"NVIDIA H100", 90, 232448}; }
 Ceilings measure_ceilings();
 
 }  // namespace attn

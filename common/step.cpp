@@ -21,11 +21,6 @@ bool comes_before(const StepInfo& a, const StepInfo& b) {
   return a.id < b.id;
 }
 
-// 90 -> "9.0"
-std::string capability(int value) {
-  return std::to_string(value / 10) + "." + std::to_string(value % 10);
-}
-
 std::string join(const std::vector<int>& values) {
   std::string text;
   for (int value : values) text += (text.empty() ? "" : ", ") + std::to_string(value);
@@ -33,6 +28,17 @@ std::string join(const std::vector<int>& values) {
 }
 
 }  // namespace
+
+std::string compute_capability_text(int value) {
+  return std::to_string(value / 10) + "." + std::to_string(value % 10);
+}
+
+std::string StepInfo::compute_capability_range() const {
+  const std::string min = compute_capability_text(min_compute_capability);
+  if (max_compute_capability == 0) return min + "+";
+  if (max_compute_capability == min_compute_capability) return min;
+  return min + "-" + compute_capability_text(max_compute_capability);
+}
 
 std::optional<std::string> StepInfo::refuses(const Shape& shape) const {
   if (std::find(head_dims.begin(), head_dims.end(), shape.head_dim) == head_dims.end()) {
@@ -46,13 +52,16 @@ std::optional<std::string> StepInfo::refuses_device(const DeviceLimits& device) 
   const bool too_old = device.compute_capability < min_compute_capability;
   const bool too_new = max_compute_capability > 0 && device.compute_capability > max_compute_capability;
   if (!too_old && !too_new) return std::nullopt;
-  const std::string needs = max_compute_capability == min_compute_capability
-                                ? "compute capability " + capability(min_compute_capability) +
-                                      " exactly (its code is built for that GPU family alone)"
-                                : "compute capability " + capability(min_compute_capability) +
-                                      " or newer";
+  std::string needs = "compute capability " + compute_capability_text(min_compute_capability);
+  if (max_compute_capability == 0) {
+    needs += " or newer";
+  } else if (max_compute_capability == min_compute_capability) {
+    needs += " exactly (its code is built for that GPU family alone)";
+  } else {
+    needs += " to " + compute_capability_text(max_compute_capability);
+  }
   return id + " needs a GPU of " + needs + "; this GPU, " + device.name + ", is " +
-         capability(device.compute_capability);
+         compute_capability_text(device.compute_capability);
 }
 
 std::optional<std::string> StepInfo::refuses(const Shape& shape, const DeviceLimits& device) const {
@@ -62,12 +71,16 @@ std::optional<std::string> StepInfo::refuses(const Shape& shape, const DeviceLim
                     shape.head_dim};
   const std::size_t needed = shared_bytes_for(probe);
   if (needed <= device.shared_bytes_per_block) return std::nullopt;
+  const std::string needs = "it needs " + std::to_string(needed) +
+                            " bytes of shared memory per block, " + device.name + " allows " +
+                            std::to_string(device.shared_bytes_per_block);
   const std::optional<int64_t> largest = max_tokens(shape.head_dim, device.shared_bytes_per_block);
-  return id + " does not serve --tokens " + std::to_string(shape.tokens) + " on this GPU: it needs " +
-         std::to_string(needed) + " bytes of shared memory per block, " + device.name +
-         " allows " + std::to_string(device.shared_bytes_per_block) +
-         (largest && *largest > 0 ? " (the largest N it serves here is " + std::to_string(*largest) + ")"
-                                  : "");
+  if (largest && *largest == 0) {  // no N fits: the head dim is what this GPU cannot serve
+    return id + " does not serve --head-dim " + std::to_string(shape.head_dim) +
+           " on this GPU: at any N " + needs;
+  }
+  return id + " does not serve --tokens " + std::to_string(shape.tokens) + " on this GPU: " +
+         needs + " (the largest N it serves here is " + std::to_string(largest.value_or(0)) + ")";
 }
 
 std::optional<int64_t> StepInfo::max_tokens(int64_t head_dim, std::size_t shared_budget) const {

@@ -44,6 +44,21 @@ struct DeviceLimits {
   std::size_t shared_bytes_per_block = 0;  // the opt-in limit of dynamic shared memory per block
 };
 
+// The opt-in shared memory per block of the GPUs students have, with their compute capabilities
+// (0 ends the list): the columns of `bench --gpu-table`, README's "Which GPU do I need".
+struct SharedBudget {
+  std::size_t bytes;
+  const char* label;     // "99 KB"
+  const char* gpus;      // "RTX 30xx/40xx/50xx, A10, L4"
+  int capabilities[4];  // of those GPUs: 86, 89, 120
+};
+inline constexpr SharedBudget kSharedBudgets[] = {
+    {65536, "64 KB", "T4, RTX 20xx", {75, 0}},
+    {101376, "99 KB", "RTX 30xx/40xx/50xx, A10, L4", {86, 89, 120, 0}},
+    {166912, "163 KB", "A100", {80, 0}},
+    {232448, "227 KB", "H100, H200", {90, 0}},
+};
+
 enum class StepKind { step, baseline };
 
 struct StepInfo {
@@ -70,6 +85,9 @@ struct StepInfo {
   // The largest N served at head dim D within `shared_budget` bytes per block: nullopt when
   // every N fits, 0 when none does. Shared memory grows with N or not at all.
   std::optional<int64_t> max_tokens(int64_t head_dim, std::size_t shared_budget) const;
+  // Its compute capability range for people and for bench --list: "7.5+", "9.0" (that one
+  // alone), "8.0-8.9".
+  std::string compute_capability_range() const;
   std::size_t shared_bytes_for(const Shape& shape) const {
     return shared_bytes ? shared_bytes(shape) : 0;
   }
@@ -77,6 +95,9 @@ struct StepInfo {
     return workspace_bytes ? workspace_bytes(shape) : 0;
   }
 };
+
+// 90 -> "9.0".
+std::string compute_capability_text(int value);
 
 // The registry, filled before main() by the ATTN_REGISTER_STEP lines of the linked steps,
 // sorted by id (v0 < v1 < ... < v10, then the baselines).

@@ -14,7 +14,7 @@
 namespace attn {
 
 int run_step_program(const StepInfo& step, int argc, const char* const* argv, std::ostream& out,
-                     std::ostream& err) {
+                     std::ostream& err, GpuInfo (*open)(int device)) {
   const std::string program = "step" + step.id.substr(1);
   try {
     const StepOptions options = parse_step_options(argc, argv);
@@ -29,7 +29,7 @@ int run_step_program(const StepInfo& step, int argc, const char* const* argv, st
     record.title = step.title;
     record.shape = options.shape;
     record.date = today_utc();
-    record.gpu = open_device(options.device);
+    record.gpu = open(options.device);
     if (auto reason = step.refuses(options.shape, record.gpu.limits())) throw UsageError(*reason);
     ensure_fits(step, options.shape);  // before drawing gigabytes of host inputs
     if (options.measure_ceilings) record.ceilings = measure_ceilings();

@@ -6,13 +6,16 @@
 
 #include <ostream>
 
+#include "ceilings.hpp"
 #include "step.hpp"
 
 namespace attn {
 
 enum ExitCode { kExitPassed = 0, kExitCheckFailed = 1, kExitUsage = 2, kExitRuntime = 3 };
 
+// `open` selects the device and says what it is: open_device, or in a CPU test a stand-in for
+// a GPU that is not there (its refusals need no device; anything past them does).
 int run_step_program(const StepInfo& step, int argc, const char* const* argv, std::ostream& out,
-                     std::ostream& err);
+                     std::ostream& err, GpuInfo (*open)(int device) = open_device);
 
 }  // namespace attn
