@@ -11,18 +11,27 @@
 
 namespace {
 
-// A step that is never launched: every case here stops before the GPU, or has none.
-const attn::StepInfo kFakeStep{"v9", "test step", {32, 64, 80, 128}, 75, 0, nullptr, nullptr};
+// 32 bytes of shared memory per token: on a GPU with 64 KB per block, N <= 2048 fits.
+std::size_t fake_shared_bytes(const attn::Shape& shape) { return std::size_t(shape.tokens) * 32; }
+
+// Steps that are never launched: every case here stops before the GPU, or has none.
+const attn::StepInfo kFakeStep{"v9", "test step", {32, 64, 80, 128}, 75, 0, fake_shared_bytes, nullptr};
+const attn::StepInfo kFakeAmpereStep{"v8", "test step for 8.0+", {64}, 80, 0, nullptr, nullptr};
+
+// A GPU that is not there, for the refusals the harness makes after reading the device:
+// compute capability 7.5 and 64 KB of shared memory per block (a T4's limits).
+attn::GpuInfo small_gpu(int) { return {"Test GPU (7.5, 64 KB)", 40, 4 << 20, 75, 65536}; }
 
 struct Outcome {
   int code;
   std::string out, err;
 };
 
-Outcome run(std::vector<const char*> args) {
+Outcome run(std::vector<const char*> args, const attn::StepInfo& step = kFakeStep,
+            attn::GpuInfo (*open)(int) = attn::open_device) {
   args.insert(args.begin(), "step9");
   std::ostringstream out, err;
-  const int code = attn::run_step_program(kFakeStep, int(args.size()), args.data(), out, err);
+  const int code = attn::run_step_program(step, int(args.size()), args.data(), out, err, open);
   return {code, out.str(), err.str()};
 }
 
@@ -116,6 +125,30 @@ TEST_SUITE("cli") {
       CHECK(lines(outcome.err) == 1);
       CHECK(outcome.out.empty());
     }
+  }
+
+  TEST_CASE("a shape or a GPU the step cannot serve: exit 2, one line naming both numbers") {
+    // The device is a stand-in: these refusals come from its limits, before any launch.
+    const Outcome too_long = run({"--tokens", "4096"}, kFakeStep, small_gpu);
+    CHECK(too_long.code == attn::kExitUsage);
+    CHECK(too_long.err.find("step9: v9 does not serve --tokens 4096 on this GPU: it needs 131072 bytes "
+                            "of shared memory per block, Test GPU (7.5, 64 KB) allows 65536 (the "
+                            "largest N it serves here is 2048)") != std::string::npos);
+    CHECK(lines(too_long.err) == 1);
+    CHECK(too_long.out.empty());
+    CHECK_FALSE(kFakeStep.refuses({32, 12, 2048, 64}, small_gpu(0).limits()));
+
+    const Outcome too_old = run({"--tokens", "197"}, kFakeAmpereStep, small_gpu);
+    CHECK(too_old.code == attn::kExitUsage);
+    CHECK(too_old.err.find("step8: v8 needs a GPU of compute capability 8.0 or newer; this GPU, "
+                           "Test GPU (7.5, 64 KB), is 7.5") != std::string::npos);
+    CHECK(lines(too_old.err) == 1);
+    CHECK(too_old.out.empty());
+
+    // A head dim it does not serve is refused before the device is even opened.
+    const Outcome head_dim = run({"--head-dim", "48"}, kFakeAmpereStep, small_gpu);
+    CHECK(head_dim.code == attn::kExitUsage);
+    CHECK(head_dim.err.find("does not serve --head-dim 48") != std::string::npos);
   }
 
   TEST_CASE("a runtime problem (no GPU here, or a shape beyond its memory) is exit 3, one line") {
