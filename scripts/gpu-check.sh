@@ -27,6 +27,10 @@
 #                        this many seconds (default 25)
 #   TIME_LIMIT_S         the whole run's time limit (default 540): every command is cut at it and
 #                        a stage that finds no time left fails, so the summary is always printed
+# A GPU test suite of a step this GPU cannot run (its compute capability is outside the step's
+# range: the Hopper steps on any other GPU, v6 below 8.0) is reported as skipped with the reason,
+# and the tests stage as "passed with skips"; a suite skipped for any other reason (no CUDA
+# device) fails the stage. The sanitizer reports such a step as n/a with the reason.
 # Exit status: 0 when every stage passed or was skipped for a stated reason, 1 when one failed,
 # 2 on a usage error.
 set -euo pipefail
@@ -73,8 +77,10 @@ OUTDIR=$(cd "$outdir_argument" && pwd)
 
 # ---- helpers ---------------------------------------------------------------------------------
 
-# A stage's exit status: 0 passed, 1 failed, kSkipped skipped (its log's last line says why).
+# A stage's exit status: 0 passed, 1 failed, kSkipped skipped (its log's last line says why),
+# kPassedWithSkips: what ran passed, and the log's "skipped: " lines name what did not and why.
 readonly kSkipped=75
+readonly kPassedWithSkips=76
 
 # Seconds a command may run: at most $1, and never past the run's deadline. `timeout` stops the
 # command's whole process group, so a profiler's or sanitizer's child goes with it.
@@ -114,8 +120,19 @@ require_build() {
   done
 }
 
-# bench --list: "id<TAB>limit<TAB>head dims<TAB>title" per registered step and baseline.
+# bench --list, one line per registered step and baseline, for this GPU:
+# "id<TAB>largest N (a number, any, or none: this GPU cannot run it)<TAB>head dims<TAB>compute
+# capability (8.0+, 9.0)<TAB>title". stderr names the GPU whose limits it used.
 bench_list() { "$BUILD_DIR/bench" --list; }
+
+# Why the GPU suite of a step would be skipped on this GPU, from the suite's own probe (it runs
+# no kernel): "SKIPPED: ..." or nothing.
+suite_skip_reason() {
+  "$BUILD_DIR/gpu_tests" --step="$1" --list-test-cases 2>&1 | grep -m 1 '^SKIPPED: ' || true
+}
+
+# A skip that is a stated reason: the GPU's compute capability is outside the step's range.
+is_capability_skip() { [[ "$1" == *"needs a GPU of compute capability"* ]]; }
 
 # ---- stages ----------------------------------------------------------------------------------
 
@@ -181,15 +198,28 @@ stage_tests() {
     # Several suites at once: they check correctness, nothing here is timed.
     timeout "$(limit 900)" ctest --test-dir "$BUILD_DIR" -L gpu --output-on-failure --timeout 600 \
       --parallel "$TEST_JOBS" "${junit[@]}" 2>&1 | tee "$ctest_log" || rc=$?
-    local not_run=0
-    grep -qE 'No tests were found|\*\*\*Skipped|Not Run' "$ctest_log" && not_run=1
+    local not_run=0 name reason with_reason=0 without_reason=0
+    grep -qE 'No tests were found|Not Run' "$ctest_log" && not_run=1
+    # With a GPU every GPU test must run, except the suite of a step whose compute capability
+    # range leaves this GPU out: that one is skipped with its reason, neither passed nor failed.
+    while read -r name; do
+      reason=""
+      [[ "$name" =~ ^gpu\.(v[0-9]+)$ ]] && reason=$(suite_skip_reason "${BASH_REMATCH[1]}")
+      if is_capability_skip "$reason"; then
+        echo "skipped: $name: ${reason#SKIPPED: }"
+        with_reason=$((with_reason + 1))
+      else
+        echo "FAILED: $name was skipped${reason:+ (${reason#SKIPPED: })}; with a GPU it must run"
+        without_reason=$((without_reason + 1))
+      fi
+    done < <(sed -nE 's/.*Test +#[0-9]+: ([^ ]+) .*\*\*\*Skipped.*/\1/p' "$ctest_log")
     rm -f "$ctest_log"
     [ "$rc" -eq 0 ] || { echo "ctest failed (exit $rc)"; return 1; }
-    # With a GPU every GPU test must run: a skip here means the suite saw no device.
-    if [ "$not_run" -eq 1 ]; then
-      echo "FAILED: some GPU tests did not run (skipped or not found); see above"
+    if [ "$not_run" -eq 1 ] || [ "$without_reason" -gt 0 ]; then
+      echo "FAILED: some GPU tests did not run (not found, or skipped with no GPU); see above"
       return 1
     fi
+    [ "$with_reason" -eq 0 ] || return "$kPassedWithSkips"
     return 0
   fi
   if command -v ctest >/dev/null 2>&1; then
@@ -197,20 +227,28 @@ stage_tests() {
   else
     echo "note: no ctest here: running gpu_tests directly (no JUnit file)"
   fi
-  local binary id rc failed=0 count=0
+  local binary id rc reason failed=0 skipped=0 count=0
   while read -r binary; do
     id=v${binary##*/step}
     count=$((count + 1))
     rc=0
     timeout "$(limit 600)" "$BUILD_DIR/gpu_tests" "--step=$id" > "$OUTDIR/tests_$id.log" 2>&1 || rc=$?
+    reason=$(grep -m 1 '^SKIPPED: ' "$OUTDIR/tests_$id.log" || true)
     case $rc in
       0) echo "gpu.$id passed" ;;
-      77) echo "gpu.$id SKIPPED (no CUDA device): $(tail -n 1 "$OUTDIR/tests_$id.log")"; failed=1 ;;
+      77)
+        if is_capability_skip "$reason"; then
+          echo "skipped: gpu.$id: ${reason#SKIPPED: }"; skipped=1
+        else
+          echo "gpu.$id FAILED: skipped with a GPU present: ${reason:-$(tail -n 1 "$OUTDIR/tests_$id.log")}"; failed=1
+        fi ;;
       *) echo "gpu.$id FAILED (exit $rc); last lines of tests_$id.log:"; tail -n 20 "$OUTDIR/tests_$id.log"; failed=1 ;;
     esac
   done < <(step_binaries)
   [ "$count" -gt 0 ] || { echo "no step executables in $BUILD_DIR"; return 1; }
-  return "$failed"
+  [ "$failed" -eq 0 ] || return 1
+  [ "$skipped" -eq 0 ] || return "$kPassedWithSkips"
+  return 0
 }
 
 # One sanitizer run; its result is one line in $result_file: "step tool shape result".
@@ -228,8 +266,12 @@ sanitize_one() {
     > "$log" 2>&1 || rc=$?
   local clean_line='ERROR SUMMARY: 0 errors'
   [ "$tool" = racecheck ] && clean_line='RACECHECK SUMMARY: 0 hazards'
-  if [ "$rc" -eq 2 ] && grep -q 'does not serve' "$log"; then
-    result="n/a (refused: $(grep -m 1 -o 'does not serve.*' "$log" | cut -c1-60))"
+  # Exit 2 with the step's one-line refusal: a head dim or N it does not serve, or a GPU outside
+  # its compute capability range. Nothing ran, so there is nothing to check: n/a, with the reason.
+  local refusal
+  refusal=$(grep -m 1 -E "^$step: .*(does not serve|needs a GPU of compute capability)" "$log" || true)
+  if [ "$rc" -eq 2 ] && [ -n "$refusal" ]; then
+    result="n/a (refused: ${refusal#"$step: "})"
   elif [ "$rc" -eq 0 ] && grep -q "$clean_line" "$log"; then
     result="clean"
   elif [ "$rc" -eq 124 ]; then
@@ -394,6 +436,7 @@ for stage in "${stages[@]}"; do
   case $rc in
     0) status=passed ;;
     "$kSkipped") status="skipped: $(grep -m 1 '^skipped: ' "$log" | sed 's/^skipped: //')" ;;
+    "$kPassedWithSkips") status="passed with skips" ;;
     *) status=FAILED; any_failed=1 ;;
   esac
   echo "== $stage: $status (${seconds} s), log $log"
@@ -407,6 +450,9 @@ for stage in "${stages[@]}"; do
   done
   summary+=("$(printf '%-10s %-8s %6s  %s' "$stage" "${status%%:*}" "${seconds}s" "$files")")
   [[ "$status" == skipped* ]] && summary+=("$(printf '%-10s %s' "" "${status}")")
+  if [ "$rc" -eq "$kPassedWithSkips" ]; then
+    while read -r line; do summary+=("$(printf '%-10s %s' "" "$line")"); done < <(grep '^skipped: ' "$log")
+  fi
 done
 
 echo

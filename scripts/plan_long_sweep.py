@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
 """Plans the long-sequence sweep of scripts/gpu-check.sh: which steps run at which N.
 
-A step runs at a token count N when `bench --list` gives it no N limit ("any"), it is not
-excluded, and its estimated bench time at N stays within the budget. The estimate scales the
+A step runs at a token count N when `bench --list` gives it no N limit on this GPU ("any"), it
+is not excluded, and its estimated bench time at N stays within the budget. A step this GPU
+cannot run ("none": its compute capability range leaves the GPU out) is left out with that
+reason. The estimate scales the
 step's median at the largest N of the ViT sweep by (N / N_measured)^2, the growth of
 attention's work, and counts the runs bench makes for one shape: one checked run, the
 warm-ups, one probe and the timed runs (up to 50 within about 2 s, at least 5). Steps are
@@ -49,16 +51,20 @@ def token_list(text):
 
 
 def read_list(path):
-    """bench --list: id, largest N ("any" or a number), head dims, title; tab-separated."""
+    """bench --list, tab-separated: id, largest N on this GPU (a number, "any", or "none" when
+    this GPU cannot run the step), head dims, compute capability ("8.0+", "9.0"), title.
+    Returns (id, limit, capability): limit 0 for any N, None for none."""
     steps = []
     try:
         with open(path, encoding="utf-8") as file:
             for line in file:
                 fields = line.rstrip("\n").split("\t")
-                if len(fields) < 3:
+                if len(fields) < 5:
                     continue
-                limit = 0 if fields[1] == "any" else int(fields[1])
-                steps.append((fields[0], limit))
+                limit = {"any": 0, "none": None}.get(fields[1])
+                if limit is None and fields[1] != "none":
+                    limit = int(fields[1])
+                steps.append((fields[0], limit, fields[3]))
     except (OSError, ValueError) as error:
         fail(f"cannot read bench --list output '{path}': {error}")
     if not steps:
@@ -112,7 +118,12 @@ def main():
 
     skipped = []  # (step, tokens, reason)
     reach = {}    # step -> the token counts it runs
-    for step, limit in steps:
+    for step, limit, capability in steps:
+        if limit is None:
+            print(f"# {step}: this GPU cannot run it (it needs compute capability {capability})")
+            skipped += [(step, n, f"{step} does not run on this GPU (bench --list: none; it needs compute capability "
+                                  f"{capability})") for n in args.tokens]
+            continue
         if step in excluded:
             print(f"# {step}: excluded from the long sweep (far too slow at these sizes)")
             skipped += [(step, n, "excluded from the long sweep by gpu-check.sh") for n in args.tokens]

@@ -22,9 +22,11 @@ block) are the longest kernel's, named in main_kernel.
 
 Writes OUTDIR/profile.csv and, per step, OUTDIR/profile/<id>.ncu-rep (open it in Nsight
 Compute), <id>.log (ncu's and the program's output) and <id>_raw.csv (ncu --page raw).
-A metric this ncu does not know leaves its cell empty. Standard library only.
-Exit status: 0 every step profiled, 1 one failed (its row says why), 2 usage error,
-3 ncu not found.
+A metric this ncu does not know leaves its cell empty. A step this GPU cannot run at the shape
+(its compute capability, or the shared memory the shape needs) refuses with exit 2 before any
+kernel runs; its row's status is "skipped: <the refusal>". Standard library only.
+Exit status: 0 every step profiled or skipped with its reason, 1 one failed (its row says why),
+2 usage error, 3 ncu not found.
 """
 import argparse
 import csv
@@ -281,6 +283,18 @@ def failure_reason(log_path, returncode):
     return f"ncu exited {returncode}"
 
 
+def refusal(log_path, step):
+    """The step's one-line refusal (exit 2) when this GPU cannot run it at this shape: its compute
+    capability, or the shared memory the shape needs. Nothing ran, so the row is skipped."""
+    program = "step" + step[1:] + ": "
+    with open(log_path, encoding="utf-8", errors="replace") as log:
+        for line in log:
+            if line.startswith(program) and ("does not serve" in line or
+                                             "needs a GPU of compute capability" in line):
+                return line[len(program):].strip()
+    return None
+
+
 def unknown_metrics(log_path):
     """Metrics ncu named as unknown in its errors, so a rerun can leave them out."""
     with open(log_path, encoding="utf-8", errors="replace") as log:
@@ -299,6 +313,9 @@ def profile_step(step, args, ncu, folder):
         command[index] = ",".join(name for name in METRICS if name not in dropped)
         returncode = run_ncu(command, log_path, args.timeout)
     if returncode != 0 or not os.path.exists(report + ".ncu-rep"):
+        refused = refusal(log_path, step) if step != "eager" else None
+        if refused:
+            return None, "skipped: " + refused
         return None, "failed: " + failure_reason(log_path, returncode)
 
     imported = None
