@@ -8,7 +8,8 @@
 # is built from a student's file, times it against the shipped solution at N = 577 (bench,
 # ratio of medians). Prints a table and writes a JSON report in Gradescope's results.json
 # form (docs/grading.md gives its schema). Without a usable GPU the GPU parts are reported as
-# skipped and score nothing.
+# skipped and score nothing; so are a step's on a GPU outside its compute capability range (the
+# Hopper steps on any other GPU), with that reason.
 #
 # Options:
 #   -DSTEP<N>_SOURCE=FILE  grade FILE as step N. The environment variable STEP<N>_SOURCE does
@@ -25,8 +26,8 @@
 #
 # Exit codes: 0 every part ran and passed; 1 graded, and something failed (a test, the
 # sanitizer, a file that does not compile); 2 usage error; 3 could not grade (configure
-# failed, a tool is missing); 4 nothing failed, but parts were skipped (no GPU, or no
-# compute-sanitizer): not a full pass.
+# failed, a tool is missing); 4 nothing failed, but parts were skipped (no GPU, a GPU the step
+# cannot run on, or no compute-sanitizer): not a full pass.
 set -euo pipefail
 
 repo_root="$(cd "$(dirname "$0")/.." && pwd)"
@@ -134,7 +135,9 @@ for step in "${steps[@]}"; do
 done
 
 # A usable GPU: nvidia-smi sees one, and the CUDA runtime does too (the GPU suite's own device
-# probe, which exits 77 without a device and runs no kernel).
+# probe, which exits 77 without a device and runs no kernel). It also exits 77 on a GPU outside
+# the step's compute capability range (a Hopper step on an A100): that GPU is usable, and such a
+# step's GPU parts are skipped with that reason below.
 gpu_reason=""
 if [ -e "$work_dir/build.failed" ]; then
   :  # nothing runs; grade_report.py fails every part
@@ -142,9 +145,16 @@ elif ! command -v nvidia-smi >/dev/null; then
   gpu_reason="no GPU: nvidia-smi not found"
 elif ! nvidia-smi -L > "$work_dir/nvidia-smi.log" 2>&1; then
   gpu_reason="no GPU: nvidia-smi -L failed: $(head -n 1 "$work_dir/nvidia-smi.log")"
-elif ! "$build_dir/gpu_tests" --step="v${steps[0]}" --list-test-cases > "$work_dir/probe.log" 2>&1; then
+elif ! "$build_dir/gpu_tests" --step="v${steps[0]}" --list-test-cases > "$work_dir/probe.log" 2>&1 &&
+     ! grep -q 'needs a GPU of compute capability' "$work_dir/probe.log"; then
   gpu_reason="no usable GPU: $(grep -m 1 . "$work_dir/probe.log" || echo "the CUDA device probe failed")"
 fi
+
+# Why this GPU cannot run step $1 at all (its compute capability), from the same probe; or nothing.
+capability_reason() {
+  "$build_dir/gpu_tests" --step="v$1" --list-test-cases 2>&1 |
+    sed -n 's/^SKIPPED: \(.*needs a GPU of compute capability.*\)$/\1/p' | head -n 1
+}
 [ -n "$gpu_reason" ] && say "$gpu_reason; the GPU parts are skipped"
 
 # compute-sanitizer: $COMPUTE_SANITIZER, else PATH, else the toolkit folders it ships in.
@@ -158,6 +168,8 @@ for step in "${steps[@]}"; do
   # The tests of the step, listed even when the build failed, so each is reported.
   ctest --test-dir "$build_dir" -L "$label" --show-only=json-v1 > "$work_dir/step$step.tests.json"
   [ -e "$work_dir/build.failed" ] && continue
+  step_reason="$gpu_reason"
+  [ -n "$step_reason" ] || step_reason="$(capability_reason "$step")"
   say "step $step: ctest -L step$step"
   # Its exit code says only "something failed"; the JUnit file says what, test by test.
   ctest --test-dir "$build_dir" -L "$label" --no-tests=error --output-on-failure \
@@ -165,8 +177,8 @@ for step in "${steps[@]}"; do
 
   for tool in memcheck racecheck; do
     part="$work_dir/step$step.$tool"
-    if [ -n "$gpu_reason" ]; then
-      echo "$gpu_reason" > "$part.skipped"
+    if [ -n "$step_reason" ]; then
+      echo "$step_reason" > "$part.skipped"
     elif [ ! -x "$sanitizer" ]; then
       echo "compute-sanitizer not found (set COMPUTE_SANITIZER=/path/to/compute-sanitizer)" > "$part.skipped"
     else
@@ -180,8 +192,8 @@ for step in "${steps[@]}"; do
 
   part="$work_dir/step$step.speed"
   if [ -n "${step_source[$step]}" ]; then
-    if [ -n "$gpu_reason" ]; then
-      echo "$gpu_reason" > "$part.skipped"
+    if [ -n "$step_reason" ]; then
+      echo "$step_reason" > "$part.skipped"
     else
       say "step $step: bench --steps v$step,v${step}_ref --tokens $speed_tokens"
       bench_status=0

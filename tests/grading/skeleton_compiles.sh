@@ -2,13 +2,14 @@
 # The exercise skeleton of a step is generated, carries one TODO per exercise region and no
 # marker, and compiles as a step file (nvcc -c against the repository's include folders).
 #
-#   skeleton_compiles.sh REPO_ROOT STEP NVCC OUT_DIR [ARCH]        ARCH: 80 means sm_80
+#   skeleton_compiles.sh REPO_ROOT STEP NVCC OUT_DIR [ARCH]        ARCH: 80 means sm_80, 90a sm_90a
 #
 # Exits 77 (ctest: skipped, with the reason) when the step has no exercise regions yet.
 set -euo pipefail
 repo_root=$1 step=$2 nvcc=$3 out_dir=$4
 arch_option=()
-[ -z "${5:-}" ] || arch_option=(-arch="sm_$5")
+# Machine code for that one target (-arch=sm_90a would add compute_90 PTX, which wgmma lacks).
+[ -z "${5:-}" ] || arch_option=(-gencode "arch=compute_$5,code=sm_$5")
 mkdir -p "$out_dir"
 skeleton="$out_dir/skeleton_v$step.cu"
 errors="$out_dir/make-exercise_v$step.err"
@@ -33,7 +34,9 @@ if grep -nE '// (BEGIN|END) EXERCISE' "$skeleton" >&2; then
   exit 1
 fi
 
-# As add_step() compiles a step: its id defined, the harness headers on the include path.
+# As add_step() compiles a step: its id defined, the harness headers and steps/ (a header beside
+# a step's kernel is included as "vN_<idea>/header.cuh") on the include path.
 "$nvcc" -std=c++17 --expt-relaxed-constexpr "${arch_option[@]}" -DATTN_STEP_ID="\"v$step\"" \
-  -I"$repo_root/common" -I"$repo_root/reference" -c "$skeleton" -o "$out_dir/skeleton_v$step.o"
+  -I"$repo_root/common" -I"$repo_root/reference" -I"$repo_root/steps" \
+  -c "$skeleton" -o "$out_dir/skeleton_v$step.o"
 echo "skeleton of step $step: $regions region(s) replaced by TODOs; it compiles ($skeleton)"
