@@ -14,9 +14,10 @@
 // element, so neighbouring threads read addresses kHeadDim halves (128 bytes) apart. v2 fixes
 // that.
 //
-// Limit: head dim 64 only, and N <= kMaxTokens (2432): a block holds 16 full rows of fp32
-// scores, 64*N_padded bytes plus 10 KB of tiles, within the 163 KB of shared memory a block
-// may opt into on sm_80 (sm_90 allows 227 KB).
+// Limit: head dim 64 only, and N by the GPU: a block holds 16 full rows of fp32 scores,
+// 64*N_padded bytes plus 10 KB of tiles, and the harness refuses an N whose bytes exceed the
+// GPU's shared memory per block (`bench --gpu-table`: N <= 832 at 64 KB, 1408 at 99 KB, 2432
+// at 163 KB, 3456 at 227 KB).
 #include <cuda_fp16.h>
 
 #include <cmath>

@@ -10,8 +10,9 @@
 // 512 chunks, two per thread; the Q tile is 128 chunks. Rows past the end are zero-filled
 // instead of read. O is written back the same way from the shared-memory O tile.
 //
-// Limit: as v1, head dim 64 only and N <= kMaxTokens (2432): 16 full rows of fp32 scores,
-// 64*N_padded bytes plus 10 KB of tiles, within sm_80's 163 KB opt-in shared memory per block.
+// Limit: as v1, head dim 64 only and N by the GPU's shared memory per block: 16 full rows of
+// fp32 scores, 64*N_padded bytes plus 10 KB of tiles (N <= 832, 1408, 2432, 3456 at 64, 99,
+// 163, 227 KB).
 #include <cuda_fp16.h>
 
 #include <cmath>

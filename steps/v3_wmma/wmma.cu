@@ -12,9 +12,9 @@
 // columns) in registers over all keys, then stores them to a small fp32 staging tile where
 // each row is divided by its sum and cut at N. The coalesced 16-byte loads of v2 stay.
 //
-// Limit: head dim 64 only, and N <= kMaxTokens (1536): a block holds 16 rows of fp32 scores
-// and 16 rows of fp16 P, 96*N_padded bytes plus 14 KB of tiles, within sm_80's 163 KB opt-in
-// shared memory per block (sm_90 allows 227 KB).
+// Limit: head dim 64 only, and N by the GPU's shared memory per block: a block holds 16 rows
+// of fp32 scores and 16 rows of fp16 P, 96*N_padded bytes plus 14 KB of tiles (N <= 512, 896,
+// 1536, 2240 at 64, 99, 163, 227 KB).
 #include <cuda_fp16.h>
 #include <mma.h>
 

@@ -13,9 +13,9 @@
 // shared-memory load, an exp or a barrier, others have fragments ready for the tensor cores:
 // latency hiding, with the work per block unchanged and split 4 ways.
 //
-// Limit: as v3, head dim 64 only and N <= kMaxTokens (1536): 16 rows of fp32 scores and 16
-// rows of fp16 P, 96*N_padded bytes plus 14 KB of tiles, within sm_80's 163 KB opt-in shared
-// memory per block (sm_90 allows 227 KB).
+// Limit: as v3, head dim 64 only and N by the GPU's shared memory per block: 16 rows of fp32
+// scores and 16 rows of fp16 P, 96*N_padded bytes plus 14 KB of tiles (N <= 512, 896, 1536,
+// 2240 at 64, 99, 163, 227 KB).
 #include <cuda_fp16.h>
 #include <mma.h>
 

@@ -16,7 +16,7 @@
 //    ldm to be a multiple of 8 halves or 4 floats; 72 and n_padded + 4 are.)
 //
 // Fitting 32 rows: 32 fp32 score rows plus 32 fp16 P rows at N = 1025 would need 205 KB, over
-// sm_80's 163 KB per block. So P overwrites the scores in place: row r of P (fp16) lies in the
+// an A100's 163 KB per block. So P overwrites the scores in place: row r of P (fp16) lies in the
 // first half of the bytes of score row r, a half row of stride 2 * score_stride. Safe, because
 // each row belongs to one warp, which walks it in steps of 32 keys: step i reads scores
 // 32i..32i+31, then (after a __syncwarp) writes p for keys 32i..32i+31, i.e. bytes 64i..64i+63,
@@ -24,9 +24,9 @@
 // __syncwarp of step i, and later steps read only scores from 32(i+1) on. The P rows keep the
 // 16-byte padding of the score rows.
 //
-// Limit: head dim 64 only, and N <= kMaxTokens (1088): 32 padded fp32 score rows, about
-// 128*N_padded bytes plus 23 KB of tiles, within sm_80's 163 KB opt-in shared memory per block
-// (sm_90 allows 227 KB).
+// Limit: head dim 64 only, and N by the GPU's shared memory per block: 32 padded fp32 score
+// rows, about 128*N_padded bytes plus 23 KB of tiles (N <= 320, 576, 1088, 1600 at 64, 99,
+// 163, 227 KB).
 #include <cuda_fp16.h>
 #include <mma.h>
 
