@@ -153,7 +153,8 @@ fi
 # Why this GPU cannot run step $1 at all (its compute capability), from the same probe; or nothing.
 capability_reason() {
   "$build_dir/gpu_tests" --step="v$1" --list-test-cases 2>&1 |
-    sed -n 's/^SKIPPED: \(.*needs a GPU of compute capability.*\)$/\1/p' | head -n 1
+    sed -n '/^SKIPPED: .*needs a GPU of compute capability/{s/^SKIPPED: //;s/; the GPU suite for [^ ]* did not run$//;p;}' |
+    head -n 1 || true
 }
 [ -n "$gpu_reason" ] && say "$gpu_reason; the GPU parts are skipped"
 
