@@ -8,6 +8,8 @@
 #include <cuda_fp16.h>
 
 #include <cmath>
+#include <map>
+#include <mutex>
 
 #include "cuda_check.hpp"
 #include "step.hpp"
@@ -41,12 +43,17 @@ __global__ void softmax_rows(__half* scores, int64_t rows, int columns) {
 }
 
 cublasHandle_t handle_for(cudaStream_t stream) {
-  // One handle per process, created on first use (before timing: the runner warms up first).
-  static cublasHandle_t handle = [] {
-    cublasHandle_t created = nullptr;
-    CUBLAS_CHECK(cublasCreate(&created));
-    return created;
-  }();
+  // One handle per device (a cuBLAS handle belongs to the device that was current when it was
+  // made), created on first use there (before timing: the runner warms up first). Callers that
+  // launch from several threads serialise the launches (capi/ does), since the stream is set
+  // on the shared handle.
+  static std::mutex mutex;
+  static std::map<int, cublasHandle_t> handles;
+  int device = 0;
+  CUDA_CHECK(cudaGetDevice(&device));
+  const std::lock_guard<std::mutex> lock(mutex);
+  cublasHandle_t& handle = handles[device];
+  if (handle == nullptr) CUBLAS_CHECK(cublasCreate(&handle));
   CUBLAS_CHECK(cublasSetStream(handle, stream));
   return handle;
 }

@@ -1,0 +1,409 @@
+// The C ABI of attention_steps.h over the step registry of common/step.hpp. Nothing here knows a
+// kernel: the steps' own object files register themselves when the library loads, and every
+// function below only reads StepInfo, judges a call with StepInfo::refuses against the current
+// GPU's limits (describe_device, read once per device), and calls StepInfo::launch.
+//
+// Errors travel as C++ exceptions inside (Refused -> ATTN_REFUSED, attn::CudaError ->
+// ATTN_CUDA_ERROR) and stop at guarded(), the one place that turns them into a status and one
+// line of text: nothing crosses the ABI, nothing aborts.
+#include "attention_steps.h"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <climits>
+#include <cstdint>
+#include <cstdio>
+#include <exception>
+#include <map>
+#include <mutex>
+#include <new>
+#include <string>
+
+#include "ceilings.hpp"
+#include "cuda_check.hpp"
+#include "step.hpp"
+
+namespace {
+
+// A call the library will not run: a bad argument or a shape the step does not serve here.
+struct Refused {
+  std::string why;
+};
+
+void write_message(char* message, std::size_t size, const std::string& text) {
+  if (message == nullptr || size == 0) return;
+  const std::size_t count = std::min(text.size(), size - 1);
+  for (std::size_t i = 0; i < count; ++i) {
+    message[i] = (text[i] == '\n' || text[i] == '\r') ? ' ' : text[i];  // one line
+  }
+  message[count] = '\0';
+}
+
+// Runs body(); its outcome becomes the status and the message. Never throws.
+template <typename Body>
+int guarded(char* message, std::size_t size, Body&& body) noexcept {
+  try {
+    try {
+      body();
+      write_message(message, size, "ok");
+      return ATTN_OK;
+    } catch (const Refused& refused) {
+      write_message(message, size, refused.why);
+      return ATTN_REFUSED;
+    } catch (const attn::CudaError& error) {
+      write_message(message, size, error.what());
+      return ATTN_CUDA_ERROR;
+    } catch (const std::bad_alloc&) {
+      write_message(message, size, "out of host memory");
+      return ATTN_CUDA_ERROR;
+    } catch (const std::exception& error) {
+      write_message(message, size, std::string("internal error: ") + error.what());
+      return ATTN_CUDA_ERROR;
+    } catch (...) {
+      write_message(message, size, "internal error: an unknown exception");
+      return ATTN_CUDA_ERROR;
+    }
+  } catch (...) {  // writing the message itself failed (out of memory building the string)
+    return ATTN_CUDA_ERROR;
+  }
+}
+
+const attn::StepInfo& step_named(const char* id) {
+  if (id == nullptr) throw Refused{"no step id given (NULL)"};
+  if (const attn::StepInfo* step = attn::find_step(id)) return *step;
+  std::string known;
+  for (const attn::StepInfo& step : attn::registered_steps()) {
+    known += (known.empty() ? "" : ", ") + step.id;
+  }
+  throw Refused{"unknown step '" + std::string(id) + "' (registered: " + known + ")"};
+}
+
+// The sizes of a call, checked the way the step executables check their flags, plus what the
+// launch functions assume: every size fits an int (AttentionArgs), so does B * H, and the
+// byte count of one tensor fits in 64 bits.
+attn::Shape shape_of(int64_t batch, int64_t heads, int64_t tokens, int64_t head_dim) {
+  const std::pair<const char*, int64_t> sizes[] = {
+      {"batch", batch}, {"heads", heads}, {"tokens", tokens}, {"head_dim", head_dim}};
+  for (const auto& [name, value] : sizes) {
+    if (value < 1) {
+      throw Refused{std::string(name) + " " + std::to_string(value) +
+                    ": every size must be at least 1"};
+    }
+    if (value > INT_MAX) {
+      throw Refused{std::string(name) + " " + std::to_string(value) + ": larger than " +
+                    std::to_string(INT_MAX) + ", the largest size a step takes"};
+    }
+  }
+  if (batch * heads > INT_MAX) {
+    throw Refused{"batch * heads = " + std::to_string(batch * heads) + ": larger than " +
+                  std::to_string(INT_MAX)};
+  }
+  int64_t bytes = 2;
+  for (int64_t factor : {batch, heads, tokens, head_dim}) {
+    if (bytes > INT64_MAX / factor) {
+      throw Refused{"shape [" + std::to_string(batch) + ", " + std::to_string(heads) + ", " +
+                    std::to_string(tokens) + ", " + std::to_string(head_dim) +
+                    "]: its byte count overflows 64 bits"};
+    }
+    bytes *= factor;
+  }
+  return attn::Shape{batch, heads, tokens, head_dim};
+}
+
+// The calling thread's current device, or CudaError "no CUDA device found (...)", the line the
+// step executables print.
+int current_device() {
+  int count = 0;
+  const cudaError_t status = cudaGetDeviceCount(&count);
+  if (status != cudaSuccess || count == 0) {
+    cudaGetLastError();  // this call's own error: leave nothing pending behind
+    throw attn::CudaError(std::string("no CUDA device found (") +
+                          (status == cudaSuccess ? "the driver reports 0 devices"
+                                                 : cudaGetErrorString(status)) +
+                          "); run this on a machine with an NVIDIA GPU");
+  }
+  int device = 0;
+  CUDA_CHECK(cudaGetDevice(&device));
+  return device;
+}
+
+// What refuses() judges against, read once per device (describe_device selects nothing).
+attn::DeviceLimits limits_of(int device) {
+  static std::mutex mutex;
+  static std::map<int, attn::DeviceLimits> known;
+  const std::lock_guard<std::mutex> lock(mutex);
+  auto found = known.find(device);
+  if (found == known.end()) {
+    found = known.emplace(device, attn::describe_device(device).limits()).first;
+  }
+  return found->second;
+}
+
+std::string address(const void* pointer) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%p", pointer);
+  return text;
+}
+
+// Device (or managed) memory of `device`, 16-byte aligned: the steps load 16 bytes at a time.
+void check_pointer(const char* name, const void* pointer, int device) {
+  if (pointer == nullptr) throw Refused{std::string(name) + " is NULL"};
+  if (reinterpret_cast<std::uintptr_t>(pointer) % 16 != 0) {
+    throw Refused{std::string(name) + " (" + address(pointer) +
+                  ") is not 16-byte aligned; the steps load 16 bytes at a time"};
+  }
+  cudaPointerAttributes attributes{};
+  const cudaError_t status = cudaPointerGetAttributes(&attributes, pointer);
+  if (status != cudaSuccess) {
+    cudaGetLastError();
+    throw Refused{std::string(name) + " (" + address(pointer) + ") is not CUDA memory (" +
+                  cudaGetErrorString(status) + ")"};
+  }
+  if (attributes.type != cudaMemoryTypeDevice && attributes.type != cudaMemoryTypeManaged) {
+    throw Refused{std::string(name) + " (" + address(pointer) +
+                  ") is not device memory (host memory?); the steps read and write GPU memory"};
+  }
+  if (attributes.type == cudaMemoryTypeDevice && attributes.device != device) {
+    throw Refused{std::string(name) + " is memory of device " + std::to_string(attributes.device) +
+                  ", but the current device is " + std::to_string(device)};
+  }
+}
+
+bool overlaps(const void* a, const void* b, std::size_t bytes) {
+  const auto x = reinterpret_cast<std::uintptr_t>(a), y = reinterpret_cast<std::uintptr_t>(b);
+  return x < y + bytes && y < x + bytes;
+}
+
+// Everything a launch needs, judged before anything is queued. Returns the device.
+int check_run(const attn::StepInfo& step, const attn::Shape& shape, const void* q, const void* k,
+              const void* v, const void* o, void* stream) {
+  if (auto reason = step.refuses(shape)) throw Refused{*reason};
+  const int device = current_device();
+  if (auto reason = step.refuses(shape, limits_of(device))) throw Refused{*reason};
+  // An error left pending by earlier work would be reported by this launch's check: say so
+  // now, launch nothing, and clear it so it is reported once.
+  if (const cudaError_t pending = cudaPeekAtLastError(); pending != cudaSuccess) {
+    cudaGetLastError();
+    throw attn::CudaError(std::string("a CUDA error from earlier work was pending on this "
+                                      "thread, so nothing was launched: ") +
+                          cudaGetErrorName(pending) + " (" + cudaGetErrorString(pending) + ")");
+  }
+  check_pointer("q", q, device);
+  check_pointer("k", k, device);
+  check_pointer("v", v, device);
+  check_pointer("o", o, device);
+  const std::size_t bytes = std::size_t(shape.elements()) * 2;
+  for (const auto& [name, input] : {std::pair<const char*, const void*>{"q", q}, {"k", k}, {"v", v}}) {
+    if (overlaps(o, input, bytes)) {
+      throw Refused{std::string("o overlaps ") + name +
+                    ": the output must not share memory with an input"};
+    }
+  }
+#if CUDART_VERSION >= 12080
+  int stream_device = device;
+  CUDA_CHECK(cudaStreamGetDevice(static_cast<cudaStream_t>(stream), &stream_device));
+  if (stream_device != device) {
+    throw Refused{"the stream belongs to device " + std::to_string(stream_device) +
+                  ", but the current device is " + std::to_string(device)};
+  }
+#endif
+  return device;
+}
+
+attn::AttentionArgs args_for(const attn::Shape& shape, const void* q, const void* k,
+                             const void* v, void* o, void* workspace, void* stream) {
+  attn::AttentionArgs args;
+  args.q = static_cast<const __half*>(q);
+  args.k = static_cast<const __half*>(k);
+  args.v = static_cast<const __half*>(v);
+  args.o = static_cast<__half*>(o);
+  args.batch = int(shape.batch);
+  args.heads = int(shape.heads);
+  args.tokens = int(shape.tokens);
+  args.head_dim = int(shape.head_dim);
+  args.workspace = workspace;
+  args.stream = static_cast<cudaStream_t>(stream);
+  return args;
+}
+
+// Queues the step. A baseline keeps per-process library state (eager: a cuBLAS handle whose
+// stream is set per launch), so its launches are queued one thread at a time.
+void launch(const attn::StepInfo& step, const attn::AttentionArgs& args) {
+  static std::mutex baseline_mutex;
+  std::unique_lock<std::mutex> lock(baseline_mutex, std::defer_lock);
+  if (step.kind == attn::StepKind::baseline) lock.lock();
+  step.launch(args);
+  CUDA_CHECK_LAUNCH();
+}
+
+std::string gibibytes(std::size_t bytes) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.2f GiB", double(bytes) / double(1ull << 30));
+  return text;
+}
+
+}  // namespace
+
+extern "C" {
+
+int attn_abi_version(void) { return ATTN_ABI_VERSION; }
+
+int attn_step_count(void) {
+  int count = 0;
+  guarded(nullptr, 0, [&] { count = int(attn::registered_steps().size()); });
+  return count;
+}
+
+int attn_step_get(int index, attn_step_info* info) {
+  return guarded(nullptr, 0, [&] {
+    const auto& steps = attn::registered_steps();
+    if (info == nullptr) throw Refused{"info is NULL"};
+    if (index < 0 || std::size_t(index) >= steps.size()) {
+      throw Refused{"index " + std::to_string(index) + " is out of range"};
+    }
+    const attn::StepInfo& step = steps[std::size_t(index)];
+    *info = attn_step_info{};
+    info->id = step.id.c_str();
+    info->title = step.title.c_str();
+    info->is_baseline = step.kind == attn::StepKind::baseline ? 1 : 0;
+    info->head_dim_count = int(std::min<std::size_t>(step.head_dims.size(), ATTN_MAX_HEAD_DIMS));
+    for (int i = 0; i < info->head_dim_count; ++i) info->head_dims[i] = step.head_dims[std::size_t(i)];
+    info->min_compute_capability = step.min_compute_capability;
+    info->max_compute_capability = step.max_compute_capability;
+    info->uses_shared_memory = step.shared_bytes != nullptr ? 1 : 0;
+    info->uses_workspace = step.workspace_bytes != nullptr ? 1 : 0;
+  });
+}
+
+int attn_device(int* device, char* name, std::size_t name_size, int* compute_capability,
+                std::size_t* shared_bytes_per_block, char* message, std::size_t message_size) {
+  return guarded(message, message_size, [&] {
+    const int current = current_device();
+    const attn::DeviceLimits limits = limits_of(current);
+    if (device != nullptr) *device = current;
+    write_message(name, name_size, limits.name);
+    if (compute_capability != nullptr) *compute_capability = limits.compute_capability;
+    if (shared_bytes_per_block != nullptr) *shared_bytes_per_block = limits.shared_bytes_per_block;
+  });
+}
+
+int attn_shared_bytes(const char* id, int64_t tokens, int64_t head_dim, std::size_t* bytes,
+                      char* message, std::size_t message_size) {
+  return guarded(message, message_size, [&] {
+    const attn::StepInfo& step = step_named(id);
+    const attn::Shape shape = shape_of(1, 1, tokens, head_dim);
+    if (auto reason = step.refuses(shape)) throw Refused{*reason};
+    if (bytes == nullptr) throw Refused{"bytes is NULL"};
+    *bytes = step.shared_bytes_for(shape);
+  });
+}
+
+int attn_max_tokens(const char* id, int64_t head_dim, int64_t* max_tokens, char* message,
+                    std::size_t message_size) {
+  return guarded(message, message_size, [&] {
+    const attn::StepInfo& step = step_named(id);
+    const attn::Shape smallest = shape_of(1, 1, 1, head_dim);
+    if (auto reason = step.refuses(smallest)) throw Refused{*reason};
+    if (max_tokens == nullptr) throw Refused{"max_tokens is NULL"};
+    const attn::DeviceLimits limits = limits_of(current_device());
+    if (auto reason = step.refuses(smallest, limits)) throw Refused{*reason};  // not even N = 1
+    const std::optional<int64_t> largest = step.max_tokens(head_dim, limits.shared_bytes_per_block);
+    *max_tokens = largest ? *largest : -1;
+  });
+}
+
+int attn_check(const char* id, int64_t batch, int64_t heads, int64_t tokens, int64_t head_dim,
+               char* message, std::size_t message_size) {
+  return guarded(message, message_size, [&] {
+    const attn::StepInfo& step = step_named(id);
+    const attn::Shape shape = shape_of(batch, heads, tokens, head_dim);
+    if (auto reason = step.refuses(shape)) throw Refused{*reason};
+    if (auto reason = step.refuses(shape, limits_of(current_device()))) throw Refused{*reason};
+  });
+}
+
+int attn_workspace_bytes(const char* id, int64_t batch, int64_t heads, int64_t tokens,
+                         int64_t head_dim, std::size_t* bytes, char* message,
+                         std::size_t message_size) {
+  return guarded(message, message_size, [&] {
+    const attn::StepInfo& step = step_named(id);
+    const attn::Shape shape = shape_of(batch, heads, tokens, head_dim);
+    if (auto reason = step.refuses(shape)) throw Refused{*reason};
+    if (bytes == nullptr) throw Refused{"bytes is NULL"};
+    *bytes = step.workspace_for(shape);
+  });
+}
+
+int attn_run(const char* id, const void* q, const void* k, const void* v, void* o, int64_t batch,
+             int64_t heads, int64_t tokens, int64_t head_dim, void* stream, char* message,
+             std::size_t message_size) {
+  return guarded(message, message_size, [&] {
+    const attn::StepInfo& step = step_named(id);
+    const attn::Shape shape = shape_of(batch, heads, tokens, head_dim);
+    const int device = check_run(step, shape, q, k, v, o, stream);
+    const auto cuda_stream = static_cast<cudaStream_t>(stream);
+    const std::size_t workspace_bytes = step.workspace_for(shape);
+    if (workspace_bytes == 0) {
+      launch(step, args_for(shape, q, k, v, o, nullptr, stream));
+      return;
+    }
+    // Stream-ordered scratch: allocated, used and freed in the stream's order, so the call
+    // stays asynchronous. A GPU without memory pools gets cudaMalloc and a synchronisation.
+    int pools = 0;
+    CUDA_CHECK(cudaDeviceGetAttribute(&pools, cudaDevAttrMemoryPoolsSupported, device));
+    void* workspace = nullptr;
+    const cudaError_t status = pools ? cudaMallocAsync(&workspace, workspace_bytes, cuda_stream)
+                                     : cudaMalloc(&workspace, workspace_bytes);
+    if (status != cudaSuccess) {
+      cudaGetLastError();
+      throw attn::CudaError(step.id + " needs " + gibibytes(workspace_bytes) +
+                            " of workspace at this shape and could not get it (" +
+                            cudaGetErrorString(status) + ")");
+    }
+    struct Release {  // frees the workspace on every path out, launch failure included
+      void* pointer;
+      cudaStream_t stream;
+      bool pools;
+      ~Release() {
+        if (pools) {
+          cudaFreeAsync(pointer, stream);
+        } else {
+          cudaStreamSynchronize(stream);
+          cudaFree(pointer);
+        }
+      }
+    } release{workspace, cuda_stream, pools != 0};
+    launch(step, args_for(shape, q, k, v, o, workspace, stream));
+  });
+}
+
+int attn_run_with_workspace(const char* id, const void* q, const void* k, const void* v, void* o,
+                            int64_t batch, int64_t heads, int64_t tokens, int64_t head_dim,
+                            void* workspace, std::size_t workspace_bytes, void* stream,
+                            char* message, std::size_t message_size) {
+  return guarded(message, message_size, [&] {
+    const attn::StepInfo& step = step_named(id);
+    const attn::Shape shape = shape_of(batch, heads, tokens, head_dim);
+    const int device = check_run(step, shape, q, k, v, o, stream);
+    const std::size_t needed = step.workspace_for(shape);
+    if (needed > 0) {
+      if (workspace_bytes < needed) {
+        throw Refused{step.id + " needs " + std::to_string(needed) +
+                      " bytes of workspace at this shape; " + std::to_string(workspace_bytes) +
+                      " given"};
+      }
+      check_pointer("workspace", workspace, device);
+      for (const void* tensor : {q, k, v, static_cast<const void*>(o)}) {
+        const auto x = reinterpret_cast<std::uintptr_t>(workspace);
+        const auto y = reinterpret_cast<std::uintptr_t>(tensor);
+        if (x < y + std::size_t(shape.elements()) * 2 && y < x + needed) {
+          throw Refused{"the workspace overlaps q, k, v or o"};
+        }
+      }
+    }
+    launch(step, args_for(shape, q, k, v, o, needed > 0 ? workspace : nullptr, stream));
+  });
+}
+
+}  // extern "C"

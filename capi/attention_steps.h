@@ -1,0 +1,119 @@
+/* attention_steps.h: the registered attention steps of this repository behind a plain C ABI.
+ *
+ * libattention_steps.so holds every step the build registers (v0, v1, ... and the cuBLAS
+ * "eager" baseline), the same object files the step executables and the bench link. A caller
+ * (a C program, Python through ctypes, a framework) lists the steps, asks whether one serves a
+ * shape on the current GPU, and runs it on its own device memory on its own stream:
+ *
+ *     O = softmax(Q K^T / sqrt(D)) V     for every (b, h)
+ *
+ * with Q, K, V, O fp16 (IEEE binary16), laid out [B, H, N, D], contiguous, row-major.
+ *
+ * Rules every function keeps:
+ *   - It returns a status: ATTN_OK (0), ATTN_REFUSED (2: a shape the step does not serve on
+ *     this GPU, an unknown step, a bad argument) or ATTN_CUDA_ERROR (3: no CUDA device or
+ *     driver, out of memory, a failed launch). The numbers are the step executables' exit codes.
+ *   - When `message` is not NULL it receives one line (NUL-terminated, cut to message_size
+ *     bytes) saying why, or "ok".
+ *   - It never aborts the process and lets no C++ exception out; a refused call launches
+ *     nothing, so a refusal can never leave a wrong answer behind.
+ *   - It uses the calling thread's current CUDA device (cudaGetDevice) and never changes it;
+ *     the pointers and the stream must belong to that device.
+ *   - It needs no GPU for listing the steps; everything that asks about "this GPU" answers
+ *     ATTN_CUDA_ERROR with "no CUDA device found (...)" on a machine without one.
+ *
+ * Thread safety: any function may be called from several threads at once.
+ */
+#ifndef ATTENTION_STEPS_H
+#define ATTENTION_STEPS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Bumped when a signature or a struct below changes. */
+#define ATTN_ABI_VERSION 1
+
+#define ATTN_OK 0
+#define ATTN_REFUSED 2
+#define ATTN_CUDA_ERROR 3
+
+#define ATTN_MAX_HEAD_DIMS 8
+
+/* What a step states about itself, the same on every GPU. The strings live as long as the
+ * library stays loaded. */
+typedef struct attn_step_info {
+  const char* id;              /* "v6"; the name attn_run takes */
+  const char* title;           /* one line: the idea of the step */
+  int is_baseline;             /* 1 for a baseline ("eager"), 0 for a numbered step */
+  int head_dim_count;          /* entries used in head_dims */
+  int head_dims[ATTN_MAX_HEAD_DIMS];
+  int min_compute_capability;  /* 10 * major + minor: 80 needs an A100 or newer */
+  int max_compute_capability;  /* 0: every newer GPU too; 90: Hopper alone */
+  int uses_shared_memory;      /* 1 when its shared memory per block depends on the shape */
+  int uses_workspace;          /* 1 when it needs scratch device memory (attn_workspace_bytes) */
+} attn_step_info;
+
+/* ATTN_ABI_VERSION of the library actually loaded. */
+int attn_abi_version(void);
+
+/* How many steps and baselines are registered; their indices are 0 .. count - 1, in order
+ * (v0, v1, ..., v10, then the baselines). */
+int attn_step_count(void);
+
+/* Fills *info for the step at `index`. ATTN_REFUSED for an index out of range. */
+int attn_step_get(int index, attn_step_info* info);
+
+/* The current GPU: its index, name (cut to name_size bytes), compute capability and opt-in
+ * shared memory per block. The testing aids of the harness (ATTN_TEST_SHARED_MEMORY_BYTES,
+ * ATTN_TEST_COMPUTE_CAPABILITY) lower these as they do for the step executables. Any output
+ * pointer may be NULL. */
+int attn_device(int* device, char* name, size_t name_size, int* compute_capability,
+                size_t* shared_bytes_per_block, char* message, size_t message_size);
+
+/* Dynamic shared memory per block that step `id` needs at this shape; needs no GPU. */
+int attn_shared_bytes(const char* id, int64_t tokens, int64_t head_dim, size_t* bytes,
+                      char* message, size_t message_size);
+
+/* The largest N that step `id` serves at head dim `head_dim` on the current GPU: -1 when it
+ * serves every N. ATTN_REFUSED (with the reason) when it serves no N at that head dim or
+ * cannot run on this GPU at all. */
+int attn_max_tokens(const char* id, int64_t head_dim, int64_t* max_tokens, char* message,
+                    size_t message_size);
+
+/* Whether step `id` serves [batch, heads, tokens, head_dim] on the current GPU: ATTN_OK, or
+ * ATTN_REFUSED with the reason (the same line the step executables print for that shape). */
+int attn_check(const char* id, int64_t batch, int64_t heads, int64_t tokens, int64_t head_dim,
+               char* message, size_t message_size);
+
+/* Scratch device memory that attn_run_with_workspace needs for this shape (0 for most steps);
+ * needs no GPU. */
+int attn_workspace_bytes(const char* id, int64_t batch, int64_t heads, int64_t tokens,
+                         int64_t head_dim, size_t* bytes, char* message, size_t message_size);
+
+/* Runs step `id`: O = softmax(Q K^T / sqrt(D)) V on the caller's device pointers, queued on
+ * `stream` (a cudaStream_t; NULL is the legacy default stream). Returns when the work is
+ * queued, not when it is done: synchronise the stream before reading O. The four pointers must
+ * be device (or managed) memory of the current device, 16-byte aligned, each holding
+ * batch*heads*tokens*head_dim fp16 values; O must not overlap Q, K or V. A step that needs a
+ * workspace gets one allocated and freed stream-ordered (cudaMallocAsync / cudaFreeAsync). */
+int attn_run(const char* id, const void* q, const void* k, const void* v, void* o,
+             int64_t batch, int64_t heads, int64_t tokens, int64_t head_dim, void* stream,
+             char* message, size_t message_size);
+
+/* The same with the caller's scratch memory: `workspace` must hold at least the bytes
+ * attn_workspace_bytes gives (it may be NULL when that is 0), on the current device, and must
+ * not be used by anything else until the queued work is done. */
+int attn_run_with_workspace(const char* id, const void* q, const void* k, const void* v, void* o,
+                            int64_t batch, int64_t heads, int64_t tokens, int64_t head_dim,
+                            void* workspace, size_t workspace_bytes, void* stream, char* message,
+                            size_t message_size);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* ATTENTION_STEPS_H */

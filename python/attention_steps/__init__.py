@@ -1,0 +1,80 @@
+"""The attention steps of this repository, from Python.
+
+Two layers:
+  - ctypes over libattention_steps.so (this module; the standard library only): list the steps,
+    ask whether one serves a shape on the current GPU, run one on raw device pointers;
+  - PyTorch (attention_steps.torch_bridge, imported on first use, so torch is never needed to
+    import this package): attention(q, k, v, step) on CUDA fp16 tensors, and swap_attention()
+    which puts a step inside torchvision's ViT models.
+
+    import torch, torchvision, attention_steps
+    q, k, v = (torch.randn(32, 12, 197, 64, device="cuda", dtype=torch.half) for _ in range(3))
+    o = attention_steps.attention(q, k, v, step="v6")          # [B, H, N, D], like SDPA
+    model = torchvision.models.vit_b_16().cuda().half().eval()
+    attention_steps.swap_attention(model, step="v6")            # every encoder block
+    with torch.inference_mode():
+        logits = model(torch.randn(32, 3, 224, 224, device="cuda", dtype=torch.half))
+
+The library is found as attention_steps._capi says: load_library(path), the environment
+variable ATTENTION_STEPS_LIBRARY, <checkout>/build/libattention_steps.so, the system loader.
+"""
+from ._capi import (ABI_VERSION, CUDA_ERROR, ENVIRONMENT_VARIABLE, OK, REFUSED,
+                    AttentionStepsError, CudaError, DeviceInfo, Library, LibraryNotFoundError,
+                    StepInfo, StepRefused, load_library)
+
+_TORCH_NAMES = ("attention", "swap_attention", "restore_attention", "StepSelfAttention",
+                "swappable_blocks")
+
+__all__ = ["ABI_VERSION", "OK", "REFUSED", "CUDA_ERROR", "ENVIRONMENT_VARIABLE",
+           "AttentionStepsError", "CudaError", "StepRefused", "LibraryNotFoundError",
+           "DeviceInfo", "StepInfo", "Library", "load_library", "list_steps", "device_info",
+           "check", "refusal", "max_tokens", "shared_bytes", "workspace_bytes",
+           *_TORCH_NAMES]
+
+
+def list_steps(library=None):
+    """Every registered step and baseline (StepInfo), in order: v0, v1, ..., then eager."""
+    return (library or load_library()).steps()
+
+
+def device_info(library=None):
+    """The current CUDA device (DeviceInfo); CudaError "no CUDA device found (...)" without one."""
+    return (library or load_library()).device()
+
+
+def check(step, shape, library=None):
+    """Raises StepRefused with the reason when `step` does not serve shape (B, H, N, D) here."""
+    (library or load_library()).check(step, shape)
+
+
+def refusal(step, shape, library=None):
+    """Why `step` does not serve shape (B, H, N, D) on the current GPU, or None when it does."""
+    return (library or load_library()).refusal(step, shape)
+
+
+def max_tokens(step, head_dim, library=None):
+    """The largest N `step` serves at head_dim on the current GPU; None when it serves any N."""
+    return (library or load_library()).max_tokens(step, head_dim)
+
+
+def shared_bytes(step, tokens, head_dim, library=None):
+    """Dynamic shared memory per block `step` needs at N = tokens (no GPU needed)."""
+    return (library or load_library()).shared_bytes(step, tokens, head_dim)
+
+
+def workspace_bytes(step, shape, library=None):
+    """Scratch device memory `step` needs at shape (B, H, N, D); 0 for most steps."""
+    return (library or load_library()).workspace_bytes(step, shape)
+
+
+def __getattr__(name):
+    # The torch layer on first use: `import attention_steps` works where torch is absent.
+    if name in _TORCH_NAMES:
+        try:
+            from . import torch_bridge
+        except ImportError as error:
+            raise ImportError(
+                f"attention_steps.{name} needs PyTorch ({error}); the ctypes layer "
+                "(list_steps, check, Library.run) works without it") from error
+        return getattr(torch_bridge, name)
+    raise AttributeError(f"module 'attention_steps' has no attribute '{name}'")

@@ -1,0 +1,271 @@
+"""ctypes over libattention_steps.so, the C ABI of capi/attention_steps.h.
+
+Needs the Python standard library only: listing the steps, asking whether one serves a shape,
+and running one on raw device pointers all work without PyTorch (the torch layer is
+attention_steps.torch_bridge).
+
+Where the library is found, first hit wins:
+  1. the path given to load_library(path) (a file, or a folder holding libattention_steps.so);
+  2. the environment variable ATTENTION_STEPS_LIBRARY (a file or a folder);
+  3. the build folder of this checkout: <repository>/build/libattention_steps.so;
+  4. the system's loader (LD_LIBRARY_PATH, ldconfig).
+"""
+import ctypes
+import os
+import pathlib
+import threading
+from dataclasses import dataclass
+from typing import Optional, Sequence, Tuple
+
+LIBRARY_NAME = "libattention_steps.so"
+ENVIRONMENT_VARIABLE = "ATTENTION_STEPS_LIBRARY"
+ABI_VERSION = 1          # capi/attention_steps.h: ATTN_ABI_VERSION
+OK, REFUSED, CUDA_ERROR = 0, 2, 3
+MAX_HEAD_DIMS = 8        # ATTN_MAX_HEAD_DIMS
+MESSAGE_BYTES = 1024
+
+REPOSITORY = pathlib.Path(__file__).resolve().parents[2]
+
+
+class AttentionStepsError(RuntimeError):
+    """A call the library answered with a status other than 0; `status` holds it."""
+
+    def __init__(self, message, status):
+        super().__init__(message)
+        self.status = status
+
+
+class StepRefused(AttentionStepsError):
+    """Status 2: a shape the step does not serve on this GPU, an unknown step, a bad argument."""
+
+
+class CudaError(AttentionStepsError):
+    """Status 3: no CUDA device or driver, out of memory, a failed launch."""
+
+
+class LibraryNotFoundError(OSError):
+    """libattention_steps.so is not where it was looked for (the message says where)."""
+
+
+@dataclass(frozen=True)
+class StepInfo:
+    id: str
+    title: str
+    is_baseline: bool
+    head_dims: Tuple[int, ...]
+    min_compute_capability: int
+    max_compute_capability: int  # 0: every newer GPU too
+    uses_shared_memory: bool
+    uses_workspace: bool
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    index: int
+    name: str
+    compute_capability: int
+    shared_bytes_per_block: int
+
+
+class _StepInfoStruct(ctypes.Structure):
+    _fields_ = [
+        ("id", ctypes.c_char_p),
+        ("title", ctypes.c_char_p),
+        ("is_baseline", ctypes.c_int),
+        ("head_dim_count", ctypes.c_int),
+        ("head_dims", ctypes.c_int * MAX_HEAD_DIMS),
+        ("min_compute_capability", ctypes.c_int),
+        ("max_compute_capability", ctypes.c_int),
+        ("uses_shared_memory", ctypes.c_int),
+        ("uses_workspace", ctypes.c_int),
+    ]
+
+
+_i64, _size, _ptr, _char_p = ctypes.c_int64, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_char_p
+_SIGNATURES = {
+    "attn_abi_version": [],
+    "attn_step_count": [],
+    "attn_step_get": [ctypes.c_int, ctypes.POINTER(_StepInfoStruct)],
+    "attn_device": [ctypes.POINTER(ctypes.c_int), _char_p, _size, ctypes.POINTER(ctypes.c_int),
+                    ctypes.POINTER(_size), _char_p, _size],
+    "attn_shared_bytes": [_char_p, _i64, _i64, ctypes.POINTER(_size), _char_p, _size],
+    "attn_max_tokens": [_char_p, _i64, ctypes.POINTER(_i64), _char_p, _size],
+    "attn_check": [_char_p, _i64, _i64, _i64, _i64, _char_p, _size],
+    "attn_workspace_bytes": [_char_p, _i64, _i64, _i64, _i64, ctypes.POINTER(_size), _char_p,
+                             _size],
+    "attn_run": [_char_p, _ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, _i64, _ptr, _char_p, _size],
+    "attn_run_with_workspace": [_char_p, _ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, _i64, _ptr,
+                                _size, _ptr, _char_p, _size],
+}
+
+
+def _candidates(path):
+    """(where, how it was chosen) in the order load_library tries them."""
+    def expand(given, how):
+        given = pathlib.Path(given).expanduser()
+        return (given / LIBRARY_NAME if given.is_dir() else given), how
+
+    if path is not None:
+        return [expand(path, "given")]
+    found = []
+    if os.environ.get(ENVIRONMENT_VARIABLE):
+        found.append(expand(os.environ[ENVIRONMENT_VARIABLE], ENVIRONMENT_VARIABLE))
+    found.append((REPOSITORY / "build" / LIBRARY_NAME, "this checkout's build folder"))
+    found.append((LIBRARY_NAME, "the system loader"))
+    return found
+
+
+def _shape(shape: Sequence[int]):
+    if len(shape) != 4:
+        raise ValueError(f"shape must be (batch, heads, tokens, head_dim); got {tuple(shape)}")
+    return tuple(int(size) for size in shape)
+
+
+class Library:
+    """One loaded libattention_steps.so. Every method raises StepRefused or CudaError with the
+    library's own one-line message when it answers with status 2 or 3."""
+
+    def __init__(self, path=None):
+        self._steps = None
+        tried = []
+        for candidate, how in _candidates(path):
+            if isinstance(candidate, pathlib.Path) and not candidate.is_file():
+                tried.append(f"{candidate} ({how}: no such file)")
+                continue
+            try:
+                self._dll = ctypes.CDLL(str(candidate))
+            except OSError as error:
+                tried.append(f"{candidate} ({how}: {error})")
+                continue
+            self.path = str(candidate)
+            break
+        else:
+            raise LibraryNotFoundError(
+                f"{LIBRARY_NAME} not found; build it (cmake -B build && cmake --build build "
+                f"--target attention_steps) or set {ENVIRONMENT_VARIABLE}=/path/to/{LIBRARY_NAME}."
+                " Tried: " + "; ".join(tried))
+        for name, arguments in _SIGNATURES.items():
+            function = getattr(self._dll, name)
+            function.argtypes = arguments
+            function.restype = ctypes.c_int
+        version = self._dll.attn_abi_version()
+        if version != ABI_VERSION:
+            raise LibraryNotFoundError(
+                f"{self.path} speaks C ABI version {version}; this module speaks {ABI_VERSION}:"
+                " rebuild the library from this checkout")
+
+    def __repr__(self):
+        return f"Library({self.path!r})"
+
+    # -- calls --------------------------------------------------------------------------------
+
+    def _call(self, name, *arguments):
+        message = ctypes.create_string_buffer(MESSAGE_BYTES)
+        status = getattr(self._dll, name)(*arguments, message, MESSAGE_BYTES)
+        if status == OK:
+            return
+        text = message.value.decode("utf-8", "replace")
+        if status == REFUSED:
+            raise StepRefused(text, status)
+        raise CudaError(text, status)
+
+    @staticmethod
+    def _id(step):
+        if not isinstance(step, str):
+            raise TypeError(f"step must be a step id such as 'v6', not {type(step).__name__}")
+        return step.encode()
+
+    def steps(self):
+        """Every registered step and baseline, in the registry's order (read once)."""
+        if self._steps is not None:
+            return list(self._steps)
+        found = []
+        for index in range(self._dll.attn_step_count()):
+            info = _StepInfoStruct()
+            if self._dll.attn_step_get(index, ctypes.byref(info)) != OK:
+                raise AttentionStepsError(f"attn_step_get({index}) failed", REFUSED)
+            found.append(StepInfo(
+                id=info.id.decode(), title=info.title.decode(), is_baseline=bool(info.is_baseline),
+                head_dims=tuple(info.head_dims[:info.head_dim_count]),
+                min_compute_capability=info.min_compute_capability,
+                max_compute_capability=info.max_compute_capability,
+                uses_shared_memory=bool(info.uses_shared_memory),
+                uses_workspace=bool(info.uses_workspace)))
+        self._steps = tuple(found)
+        return found
+
+    def step(self, step_id):
+        for info in self.steps():
+            if info.id == step_id:
+                return info
+        known = ", ".join(info.id for info in self.steps())
+        raise StepRefused(f"unknown step '{step_id}' (registered: {known})", REFUSED)
+
+    def device(self):
+        """The current CUDA device as the library sees it; CudaError without one."""
+        index, capability, shared = ctypes.c_int(), ctypes.c_int(), _size()
+        name = ctypes.create_string_buffer(256)
+        self._call("attn_device", ctypes.byref(index), name, 256, ctypes.byref(capability),
+                   ctypes.byref(shared))
+        return DeviceInfo(index.value, name.value.decode("utf-8", "replace"), capability.value,
+                          shared.value)
+
+    def shared_bytes(self, step, tokens, head_dim):
+        """Dynamic shared memory per block the step needs at N = tokens; no GPU needed."""
+        result = _size()
+        self._call("attn_shared_bytes", self._id(step), int(tokens), int(head_dim),
+                   ctypes.byref(result))
+        return result.value
+
+    def max_tokens(self, step, head_dim) -> Optional[int]:
+        """The largest N the step serves at head_dim on the current GPU; None: any N."""
+        result = _i64()
+        self._call("attn_max_tokens", self._id(step), int(head_dim), ctypes.byref(result))
+        return None if result.value < 0 else result.value
+
+    def check(self, step, shape):
+        """Raises StepRefused with the reason when the step does not serve shape here."""
+        self._call("attn_check", self._id(step), *_shape(shape))
+
+    def refusal(self, step, shape) -> Optional[str]:
+        """Why the step does not serve shape (B, H, N, D) on the current GPU, or None."""
+        try:
+            self.check(step, shape)
+        except StepRefused as refused:
+            return str(refused)
+        return None
+
+    def workspace_bytes(self, step, shape):
+        result = _size()
+        self._call("attn_workspace_bytes", self._id(step), *_shape(shape), ctypes.byref(result))
+        return result.value
+
+    def run(self, step, q, k, v, o, shape, stream=0, workspace=None, workspace_bytes=0):
+        """Queues the step on raw device pointers (ints) of fp16 [B, H, N, D] tensors, on the
+        cudaStream_t `stream` (an int; 0 is the legacy default stream). Without a workspace, a
+        step that needs one allocates it stream-ordered."""
+        shape = _shape(shape)
+        pointers = [ctypes.c_void_p(int(p)) if p else None for p in (q, k, v, o)]
+        stream = ctypes.c_void_p(int(stream)) if stream else None
+        if workspace is None:
+            self._call("attn_run", self._id(step), *pointers, *shape, stream)
+        else:
+            self._call("attn_run_with_workspace", self._id(step), *pointers, *shape,
+                       ctypes.c_void_p(int(workspace)) if workspace else None,
+                       int(workspace_bytes), stream)
+
+
+_default = None
+_default_lock = threading.Lock()
+
+
+def load_library(path=None) -> Library:
+    """The library at `path`, or (path None) the one found as the module docstring says,
+    loaded once and kept."""
+    global _default
+    if path is not None:
+        return Library(path)
+    with _default_lock:
+        if _default is None:
+            _default = Library()
+        return _default

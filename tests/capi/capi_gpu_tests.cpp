@@ -1,0 +1,321 @@
+// The C ABI on a GPU, for one step at a time (capi_gpu_tests --step=v3): results through
+// attn_run against the fp64 CPU reference at tail shapes for every head dim the step serves,
+// the caller's stream honoured, the caller's workspace path, and misuse refused without a
+// launch. The step runs from libattention_steps.so only: this program links no step object,
+// just the harness's inputs, reference and check (attn_common).
+// Without a CUDA device it says so and exits 77 (ctest: skipped); on a GPU the step cannot run
+// on, it checks that the library refuses the step there, then exits 77 with the reason.
+#define DOCTEST_CONFIG_IMPLEMENT
+#include <doctest/doctest.h>
+
+#include <cuda_runtime.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <iostream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "attention_steps.h"
+#include "check.hpp"
+#include "cpu_reference.hpp"
+#include "device_buffer.hpp"
+#include "inputs.hpp"
+
+namespace {
+
+constexpr int kSkipped = 77;
+attn_step_info step{};  // the step under test, as the library lists it
+
+struct Answer {
+  int status = -1;
+  std::string message;
+};
+
+// The problem on the device, O filled with NaN (0xFFFF) so an unwritten element fails the check.
+struct DeviceProblem {
+  attn::HostTensors inputs;
+  attn::DeviceBuffer<__half> q, k, v, o;
+  explicit DeviceProblem(const attn::Shape& shape, uint64_t seed = 23)
+      : inputs(attn::make_inputs(shape, seed)),
+        q(std::size_t(shape.elements())),
+        k(std::size_t(shape.elements())),
+        v(std::size_t(shape.elements())),
+        o(std::size_t(shape.elements())) {
+    const std::size_t bytes = q.bytes();
+    CUDA_CHECK(cudaMemcpy(q.data(), inputs.q.data(), bytes, cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(k.data(), inputs.k.data(), bytes, cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(v.data(), inputs.v.data(), bytes, cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemset(o.data(), 0xFF, bytes));
+  }
+  const attn::Shape& shape() const { return inputs.shape; }
+
+  Answer run(cudaStream_t stream, const char* id = step.id) {
+    Answer answer;
+    char message[1024] = "";
+    const attn::Shape& s = shape();
+    answer.status = attn_run(id, q.data(), k.data(), v.data(), o.data(), s.batch, s.heads, s.tokens,
+                             s.head_dim, stream, message, sizeof message);
+    answer.message = message;
+    return answer;
+  }
+
+  std::vector<__half> output() const {
+    std::vector<__half> host(o.size());
+    CUDA_CHECK(cudaMemcpy(host.data(), o.data(), o.bytes(), cudaMemcpyDeviceToHost));
+    return host;
+  }
+
+  attn::CheckResult check() const {
+    const attn::Reference reference =
+        attn::compute_reference(inputs, attn::slices_to_check(shape(), attn::CheckMode::full, 1));
+    return attn::compare(inputs, reference, output());
+  }
+};
+
+void require_pass(const attn::CheckResult& result) {
+  INFO("relative error " << result.relative_error << " (tolerance " << result.relative_tolerance
+                         << "), max abs error " << result.max_abs_error << " (tolerance "
+                         << result.abs_tolerance << "), " << result.nonfinite << " non-finite; "
+                         << result.worst);
+  CHECK(result.passed);
+}
+
+Answer check_shape(const attn::Shape& s) {
+  Answer answer;
+  char message[1024] = "";
+  answer.status = attn_check(step.id, s.batch, s.heads, s.tokens, s.head_dim, message, sizeof message);
+  answer.message = message;
+  return answer;
+}
+
+std::vector<int> head_dims() { return {step.head_dims, step.head_dims + step.head_dim_count}; }
+
+bool contains(const std::string& text, const std::string& fragment) {
+  return text.find(fragment) != std::string::npos;
+}
+
+}  // namespace
+
+TEST_CASE("through the C ABI: tail shapes, every head dim served, against the fp64 reference") {
+  const attn::Stream stream;
+  for (int head_dim : head_dims()) {
+    for (const attn::Shape shape : {attn::Shape{2, 3, 65, head_dim}, attn::Shape{1, 2, 1, head_dim},
+                                    attn::Shape{1, 1, 130, head_dim}}) {
+      CAPTURE(shape.str());
+      const Answer served = check_shape(shape);
+      INFO("attn_check: " << served.message);
+      REQUIRE(served.status == ATTN_OK);  // every step serves these small N on every GPU
+      DeviceProblem problem(shape);
+      const Answer ran = problem.run(stream.get());
+      INFO("attn_run: " << ran.message);
+      REQUIRE(ran.status == ATTN_OK);
+      CHECK(ran.message == "ok");
+      CUDA_CHECK(cudaStreamSynchronize(stream.get()));
+      require_pass(problem.check());
+    }
+  }
+}
+
+namespace {
+// A host function that holds its stream until released (or 30 s pass, so a bug cannot hang).
+struct Gate {
+  std::atomic<bool> open{false};
+  static void CUDART_CB wait(void* self) {
+    auto* gate = static_cast<Gate*>(self);
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (!gate->open.load() && std::chrono::steady_clock::now() < until) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  }
+};
+}  // namespace
+
+TEST_CASE("the work is queued on the caller's stream, in its order, and the call returns at once") {
+  const attn::Shape shape{2, 3, 65, head_dims().front()};
+  const attn::Stream stream, observer;
+  {  // a first run makes whatever the step keeps (a cuBLAS handle) before the stream is held
+    DeviceProblem warm_up(shape);
+    REQUIRE(warm_up.run(stream.get()).status == ATTN_OK);
+    CUDA_CHECK(cudaStreamSynchronize(stream.get()));
+  }
+  DeviceProblem problem(shape);
+  __half* pinned = nullptr;
+  CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&pinned), problem.o.bytes()));
+  Gate gate;
+  CUDA_CHECK(cudaLaunchHostFunc(stream.get(), Gate::wait, &gate));
+  const Answer ran = problem.run(stream.get());
+  INFO("attn_run: " << ran.message);
+  REQUIRE(ran.status == ATTN_OK);
+  // While the stream is held, O must still be all NaN: nothing ran ahead of the caller's work.
+  CUDA_CHECK(cudaMemcpyAsync(pinned, problem.o.data(), problem.o.bytes(), cudaMemcpyDeviceToHost,
+                             observer.get()));
+  CUDA_CHECK(cudaStreamSynchronize(observer.get()));
+  std::vector<uint16_t> bits(problem.o.size());
+  std::memcpy(bits.data(), pinned, problem.o.bytes());
+  CUDA_CHECK(cudaFreeHost(pinned));
+  CHECK(cudaStreamQuery(stream.get()) == cudaErrorNotReady);
+  std::size_t untouched = 0;
+  for (uint16_t value : bits) untouched += value == 0xFFFF;
+  CHECK(untouched == bits.size());
+  gate.open = true;
+  CUDA_CHECK(cudaStreamSynchronize(stream.get()));
+  require_pass(problem.check());
+}
+
+TEST_CASE("the caller's workspace, and the stream-ordered one, give the same answer") {
+  const attn::Shape shape{2, 3, 65, head_dims().front()};
+  std::size_t bytes = 0;
+  char message[1024] = "";
+  REQUIRE(attn_workspace_bytes(step.id, shape.batch, shape.heads, shape.tokens, shape.head_dim,
+                               &bytes, message, sizeof message) == ATTN_OK);
+  CHECK((bytes > 0) == (step.uses_workspace != 0));
+  DeviceProblem problem(shape);
+  attn::DeviceBuffer<char> workspace(bytes);
+  const int status = attn_run_with_workspace(
+      step.id, problem.q.data(), problem.k.data(), problem.v.data(), problem.o.data(), shape.batch,
+      shape.heads, shape.tokens, shape.head_dim, workspace.data(), bytes, nullptr, message,
+      sizeof message);
+  INFO("attn_run_with_workspace: " << message);
+  REQUIRE(status == ATTN_OK);
+  CUDA_CHECK(cudaDeviceSynchronize());
+  require_pass(problem.check());
+  if (bytes > 0) {  // one byte short is refused
+    const int short_status = attn_run_with_workspace(
+        step.id, problem.q.data(), problem.k.data(), problem.v.data(), problem.o.data(),
+        shape.batch, shape.heads, shape.tokens, shape.head_dim, workspace.data(), bytes - 1,
+        nullptr, message, sizeof message);
+    CHECK(short_status == ATTN_REFUSED);
+    CHECK(contains(message, "workspace"));
+  }
+}
+
+TEST_CASE("misuse is refused with status 2 and a reason, and nothing is launched") {
+  const attn::Shape shape{1, 2, 33, head_dims().front()};
+  DeviceProblem problem(shape);
+  const int64_t b = shape.batch, h = shape.heads, n = shape.tokens, d = shape.head_dim;
+  auto* q = problem.q.data();
+  auto* k = problem.k.data();
+  auto* v = problem.v.data();
+  auto* o = problem.o.data();
+  std::vector<__half> host(problem.q.size());
+  char message[1024];
+  struct Case {
+    const char* what;
+    int status;
+    const char* fragment;
+  };
+  std::vector<Case> cases = {
+      {"unknown step", attn_run("v99", q, k, v, o, b, h, n, d, nullptr, message, sizeof message),
+       "unknown step"},
+  };
+  auto run = [&](const char* what, const void* q_, const void* k_, const void* v_, void* o_,
+                 int64_t b_, int64_t h_, int64_t n_, int64_t d_, const char* fragment) {
+    const int status = attn_run(step.id, q_, k_, v_, o_, b_, h_, n_, d_, nullptr, message,
+                                sizeof message);
+    cases.push_back({what, status, fragment});
+    INFO(what << ": " << message);
+    CHECK(status == ATTN_REFUSED);
+    CHECK(contains(message, fragment));
+  };
+  run("head dim 48", q, k, v, o, b, h, n, 48, "--head-dim 48");
+  run("tokens 0", q, k, v, o, b, h, 0, d, "tokens 0");
+  run("NULL q", nullptr, k, v, o, b, h, n, d, "q is NULL");
+  run("misaligned k", q, k + 1, v, o, b, h, n, d, "16-byte aligned");
+  run("host memory for v", q, k, host.data(), o, b, h, n, d, "not device memory");
+  run("o is q", q, k, v, q, b, h, n, d, "overlaps q");
+  run("o overlaps v", q, k, v, v + 8, b, h, n, d, "overlaps v");
+  int64_t largest = 0;
+  if (attn_max_tokens(step.id, d, &largest, message, sizeof message) == ATTN_OK && largest > 0) {
+    const Answer fits = check_shape({b, h, largest, d});
+    const Answer too_long = check_shape({b, h, largest + 1, d});
+    INFO("largest N " << largest << ": " << fits.message << " / " << too_long.message);
+    CHECK(fits.status == ATTN_OK);
+    CHECK(too_long.status == ATTN_REFUSED);
+    CHECK(contains(too_long.message, "--tokens"));
+  }
+  CHECK(cases.front().status == ATTN_REFUSED);
+  CUDA_CHECK(cudaDeviceSynchronize());
+  std::vector<__half> after = problem.output();
+  std::size_t untouched = 0;
+  for (const __half& value : after) {
+    uint16_t bits;
+    std::memcpy(&bits, &value, 2);
+    untouched += bits == 0xFFFF;
+  }
+  CHECK(untouched == after.size());  // no refused call wrote O
+}
+
+TEST_CASE("the caller's current device is used and left as it was") {
+  int devices = 0;
+  CUDA_CHECK(cudaGetDeviceCount(&devices));
+  int before = -1, after = -2;
+  CUDA_CHECK(cudaGetDevice(&before));
+  {
+    DeviceProblem problem({1, 1, 17, head_dims().front()});
+    CHECK(problem.run(nullptr).status == ATTN_OK);
+    CUDA_CHECK(cudaDeviceSynchronize());
+  }
+  CUDA_CHECK(cudaGetDevice(&after));
+  CHECK(before == after);
+  if (devices < 2) return;
+  // Memory of the current device while another is made current: refused, naming both.
+  const int other = (before + 1) % devices;
+  DeviceProblem on_first({1, 1, 17, head_dims().front()});
+  CUDA_CHECK(cudaSetDevice(other));
+  const Answer answer = on_first.run(nullptr);
+  CUDA_CHECK(cudaSetDevice(before));
+  INFO(answer.message);
+  if (answer.status == ATTN_REFUSED && contains(answer.message, "compute capability")) return;
+  CHECK(answer.status == ATTN_REFUSED);
+  CHECK(contains(answer.message, "current device is " + std::to_string(other)));
+}
+
+int main(int argc, char** argv) {
+  std::string id;
+  std::vector<char*> doctest_args;
+  for (int i = 0; i < argc; ++i) {
+    if (std::strncmp(argv[i], "--step=", 7) == 0) {
+      id = argv[i] + 7;
+    } else {
+      doctest_args.push_back(argv[i]);
+    }
+  }
+  bool found = false;
+  for (int i = 0; i < attn_step_count() && !found; ++i) {
+    found = attn_step_get(i, &step) == ATTN_OK && id == step.id;
+  }
+  if (!found) {
+    std::cerr << "capi_gpu_tests: --step=ID names no step of libattention_steps ('" << id << "')\n";
+    return 2;
+  }
+  char message[1024] = "";
+  int capability = 0;
+  const int status = attn_device(nullptr, nullptr, 0, &capability, nullptr, message, sizeof message);
+  if (status != ATTN_OK) {
+    if (contains(message, "no CUDA device")) {
+      std::cout << "SKIPPED: " << message << "; the C ABI GPU suite for " << id << " did not run\n";
+      return kSkipped;
+    }
+    std::cerr << "capi_gpu_tests: " << message << "\n";
+    return 3;
+  }
+  const bool runs_here = capability >= step.min_compute_capability &&
+                         (step.max_compute_capability == 0 || capability <= step.max_compute_capability);
+  if (!runs_here) {
+    // Checked, not assumed: the library must refuse the step on this GPU, naming why.
+    const int refused = attn_check(step.id, 1, 1, 64, step.head_dims[0], message, sizeof message);
+    if (refused != ATTN_REFUSED || !contains(message, "compute capability")) {
+      std::cerr << "capi_gpu_tests: " << id << " cannot run on compute capability " << capability
+                << " but attn_check answered " << refused << " '" << message << "'\n";
+      return 1;
+    }
+    std::cout << "SKIPPED: " << message << " (the C ABI refused it, as it should); the C ABI GPU "
+              << "suite for " << id << " did not run\n";
+    return kSkipped;
+  }
+  doctest::Context context(int(doctest_args.size()), doctest_args.data());
+  return context.run();
+}

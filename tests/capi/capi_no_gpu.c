@@ -1,0 +1,155 @@
+/* The C ABI from a plain C program that includes attention_steps.h and nothing of the harness:
+ * the library loads, lists its steps, refuses bad calls with status 2 and a message, and, on a
+ * machine without a GPU, answers every question about "this GPU" with status 3 and "no CUDA
+ * device found (...)" instead of aborting. With a GPU, the no-device checks are replaced by
+ * checks of the device's answers (the GPU suite, capi_gpu_tests, runs the steps).
+ * Exit 0 when every check passed, 1 otherwise; each check prints one line. */
+#include <stdio.h>
+#include <string.h>
+
+#include "attention_steps.h"
+
+static int passed = 0, failed = 0;
+
+static void expect(int condition, const char* what, const char* detail) {
+  if (condition) {
+    ++passed;
+    printf("ok      %s\n", what);
+  } else {
+    ++failed;
+    printf("FAILED  %s%s%s\n", what, detail ? ": " : "", detail ? detail : "");
+  }
+}
+
+/* status == expected and the message holds `fragment` */
+static void expect_answer(int status, int expected, const char* message, const char* fragment,
+                          const char* what) {
+  char detail[1400];
+  snprintf(detail, sizeof detail, "status %d (expected %d), message '%s' (expected to hold '%s')",
+           status, expected, message, fragment);
+  expect(status == expected && strstr(message, fragment) != NULL, what, detail);
+}
+
+int main(void) {
+  char message[1024];
+  int i, count, index_v0 = -1, index_eager = -1, steps = 0;
+  attn_step_info info;
+
+  expect(attn_abi_version() == ATTN_ABI_VERSION, "the library speaks this header's ABI version",
+         NULL);
+
+  /* Listing: needs no GPU. */
+  count = attn_step_count();
+  expect(count >= 2, "at least one step and the eager baseline are registered", NULL);
+  for (i = 0; i < count; ++i) {
+    char what[160];
+    int status = attn_step_get(i, &info), sane;
+    sane = status == ATTN_OK && info.id != NULL && info.id[0] != '\0' && info.title != NULL &&
+           info.title[0] != '\0' && info.head_dim_count >= 1 &&
+           info.head_dim_count <= ATTN_MAX_HEAD_DIMS && info.min_compute_capability >= 75 &&
+           (info.max_compute_capability == 0 ||
+            info.max_compute_capability >= info.min_compute_capability);
+    snprintf(what, sizeof what, "step %d (%s) states an id, a title, head dims, a GPU range", i,
+             status == ATTN_OK && info.id ? info.id : "?");
+    expect(sane, what, NULL);
+    if (status != ATTN_OK) continue;
+    printf("        %-6s %d head dims (%d..%d), compute capability %d to %d (0: any newer), %s\n",
+           info.id, info.head_dim_count, info.head_dims[0],
+           info.head_dims[info.head_dim_count - 1], info.min_compute_capability,
+           info.max_compute_capability, info.title);
+    if (strcmp(info.id, "v0") == 0) index_v0 = i;
+    if (strcmp(info.id, "eager") == 0) index_eager = i;
+    if (!info.is_baseline) ++steps;
+  }
+  expect(index_v0 == 0, "v0 is listed first", NULL);
+  expect(index_eager == count - 1 && steps == count - 1, "the eager baseline comes after the steps",
+         NULL);
+  expect(attn_step_get(count, &info) == ATTN_REFUSED && attn_step_get(-1, &info) == ATTN_REFUSED &&
+             attn_step_get(0, NULL) == ATTN_REFUSED,
+         "an index out of range or a NULL info is refused (2)", NULL);
+
+  /* Refusals that need no GPU. */
+  expect_answer(attn_check("v99_nope", 1, 1, 64, 64, message, sizeof message), ATTN_REFUSED,
+                message, "unknown step 'v99_nope'", "an unknown step id is refused");
+  expect_answer(attn_check(NULL, 1, 1, 64, 64, message, sizeof message), ATTN_REFUSED, message,
+                "no step id", "a NULL step id is refused");
+  expect_answer(attn_check("v0", 1, 1, 0, 64, message, sizeof message), ATTN_REFUSED, message,
+                "tokens 0", "tokens 0 is refused, naming the size");
+  expect_answer(attn_check("v0", -3, 1, 5, 64, message, sizeof message), ATTN_REFUSED, message,
+                "batch -3", "a negative batch is refused");
+  expect_answer(attn_check("v0", 1, 1, 64, 48, message, sizeof message), ATTN_REFUSED, message,
+                "--head-dim 48", "head dim 48 is refused with the step's own reason");
+  expect_answer(attn_check("v0", (int64_t)1 << 40, 1, 1, 64, message, sizeof message),
+                ATTN_REFUSED, message, "larger than", "a batch past the int range is refused");
+  expect_answer(attn_run("v0", NULL, NULL, NULL, NULL, 1, 1, 64, 48, NULL, message, sizeof message),
+                ATTN_REFUSED, message, "--head-dim 48", "attn_run refuses head dim 48 too");
+
+  {
+    size_t bytes = 1;
+    int status = attn_shared_bytes("v0", 197, 64, &bytes, message, sizeof message);
+    expect(status == ATTN_OK && bytes == 0, "v0 needs no shared memory (attn_shared_bytes)", message);
+    bytes = 0;
+    status = attn_workspace_bytes("eager", 32, 12, 197, 64, &bytes, message, sizeof message);
+    expect(status == ATTN_OK && bytes == (size_t)32 * 12 * 197 * 197 * 2,
+           "eager's workspace is the B*H*N*N fp16 scores (attn_workspace_bytes)", message);
+    for (i = 0; i < count; ++i) {
+      if (attn_step_get(i, &info) != ATTN_OK || !info.uses_shared_memory) continue;
+      status = attn_shared_bytes(info.id, 197, info.head_dims[0], &bytes, message, sizeof message);
+      expect(status == ATTN_OK && bytes > 0, "a step that uses shared memory states how much", info.id);
+      break;
+    }
+  }
+
+  /* The message buffer: cut to its size, always terminated; size 0 leaves it alone. */
+  {
+    char small[8];
+    memset(small, 'x', sizeof small);
+    attn_check("v99_nope", 1, 1, 1, 64, small, sizeof small);
+    expect(small[7] == '\0' && strlen(small) == 7, "a long message is cut to the buffer, terminated",
+           NULL);
+    memset(small, 'x', sizeof small);
+    attn_check("v99_nope", 1, 1, 1, 64, small, 0);
+    expect(small[0] == 'x', "message_size 0 writes nothing", NULL);
+    expect(attn_check("v99_nope", 1, 1, 1, 64, NULL, 100) == ATTN_REFUSED,
+           "a NULL message buffer is allowed", NULL);
+  }
+
+  /* The current GPU, or the lack of one. */
+  {
+    char name[256] = "";
+    int capability = 0, device = -1, status;
+    size_t shared = 0;
+    int64_t largest = 0;
+    status = attn_device(&device, name, sizeof name, &capability, &shared, message, sizeof message);
+    if (status == ATTN_CUDA_ERROR && strstr(message, "no CUDA device") != NULL) {
+      static char fake[64] __attribute__((aligned(16)));
+      printf("        no CUDA device here: %s\n", message);
+      expect(1, "attn_device answers 3, 'no CUDA device found (...)'", NULL);
+      expect_answer(attn_check("v0", 2, 3, 65, 64, message, sizeof message), ATTN_CUDA_ERROR,
+                    message, "no CUDA device", "attn_check answers 'no CUDA device' (3)");
+      expect_answer(attn_max_tokens("v0", 64, &largest, message, sizeof message), ATTN_CUDA_ERROR,
+                    message, "no CUDA device", "attn_max_tokens answers 'no CUDA device' (3)");
+      expect_answer(attn_run("v0", fake, fake, fake, fake + 32, 1, 1, 1, 64, NULL, message,
+                             sizeof message),
+                    ATTN_CUDA_ERROR, message, "no CUDA device",
+                    "attn_run answers 'no CUDA device' (3), launching nothing");
+      expect_answer(attn_run("eager", fake, fake, fake, fake + 32, 1, 1, 1, 64, NULL, message,
+                             sizeof message),
+                    ATTN_CUDA_ERROR, message, "no CUDA device",
+                    "so does the baseline that needs a workspace");
+    } else {
+      char detail[1400];
+      snprintf(detail, sizeof detail, "status %d, message '%s'", status, message);
+      expect(status == ATTN_OK && name[0] != '\0' && capability >= 30 && shared > 0 && device >= 0,
+             "with a GPU, attn_device names it and its limits", detail);
+      printf("        GPU %d: %s, compute capability %d, %zu bytes of shared memory per block\n",
+             device, name, capability, shared);
+      expect_answer(attn_run("v0", NULL, NULL, NULL, NULL, 1, 1, 1, 64, NULL, message,
+                             sizeof message),
+                    ATTN_REFUSED, message, "q is NULL", "attn_run refuses NULL pointers (2)");
+    }
+  }
+
+  printf("%d passed, %d failed\n", passed, failed);
+  return failed == 0 ? 0 : 1;
+}

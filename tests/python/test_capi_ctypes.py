@@ -1,0 +1,144 @@
+#!/usr/bin/env python3
+"""The ctypes layer of python/attention_steps, with the standard library only (no torch):
+the package imports without torch, finds and loads libattention_steps.so, lists the steps,
+refuses bad calls with the library's reason, and without a GPU raises CudaError "no CUDA
+device found (...)" instead of crashing.
+
+Run by ctest (python.ctypes) with PYTHONPATH=python and ATTENTION_STEPS_LIBRARY set; by hand:
+  PYTHONPATH=python ATTENTION_STEPS_LIBRARY=build/libattention_steps.so \\
+      python3 tests/python/test_capi_ctypes.py
+"""
+import os
+import subprocess
+import sys
+import unittest
+
+import attention_steps as steps
+
+
+def has_gpu():
+    try:
+        steps.device_info()
+    except steps.CudaError:
+        return False
+    return True
+
+
+class Package(unittest.TestCase):
+    def test_imports_without_torch(self):
+        # A fresh interpreter: importing the package and listing the steps must not import torch.
+        code = ("import sys, attention_steps as s; s.list_steps(); "
+                "sys.exit(1 if 'torch' in sys.modules else 0)")
+        result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+        self.assertEqual(result.returncode, 0, result.stderr)
+
+    def test_torch_names_say_they_need_torch(self):
+        try:
+            import torch  # noqa: F401
+        except ImportError:
+            with self.assertRaisesRegex(ImportError, "needs PyTorch"):
+                steps.attention  # noqa: B018
+        else:
+            self.assertTrue(callable(steps.attention))
+
+    def test_unknown_attribute(self):
+        with self.assertRaises(AttributeError):
+            steps.no_such_thing  # noqa: B018
+
+    def test_library_not_found_says_where_it_looked(self):
+        with self.assertRaises(steps.LibraryNotFoundError) as caught:
+            steps.load_library("/nonexistent/libattention_steps.so")
+        self.assertIn("/nonexistent/libattention_steps.so", str(caught.exception))
+        self.assertIn(steps.ENVIRONMENT_VARIABLE, str(caught.exception))
+
+    def test_library_found_by_folder(self):
+        path = os.environ.get(steps.ENVIRONMENT_VARIABLE)
+        if not path:
+            self.skipTest(f"{steps.ENVIRONMENT_VARIABLE} is not set")
+        library = steps.load_library(os.path.dirname(os.path.abspath(path)))
+        self.assertEqual(library.steps(), steps.list_steps())
+
+
+class Listing(unittest.TestCase):
+    def test_steps_in_order_with_their_limits(self):
+        listed = steps.list_steps()
+        ids = [info.id for info in listed]
+        self.assertEqual(ids[0], "v0")
+        self.assertEqual(ids[-1], "eager")
+        self.assertEqual(len(ids), len(set(ids)))
+        for info in listed:
+            self.assertTrue(info.title)
+            self.assertTrue(info.head_dims)
+            self.assertIn(64, info.head_dims)  # every step serves the ViT head dim
+            self.assertGreaterEqual(info.min_compute_capability, 75)
+            self.assertEqual(info.is_baseline, info.id == "eager")
+        self.assertTrue(steps.load_library().step("eager").uses_workspace)
+
+    def test_sizes_without_a_gpu(self):
+        self.assertEqual(steps.shared_bytes("v0", 197, 64), 0)
+        self.assertEqual(steps.workspace_bytes("eager", (32, 12, 197, 64)), 32 * 12 * 197 * 197 * 2)
+        self.assertEqual(steps.workspace_bytes("v0", (32, 12, 197, 64)), 0)
+        with_shared = [info for info in steps.list_steps() if info.uses_shared_memory]
+        if with_shared:
+            self.assertGreater(steps.shared_bytes(with_shared[0].id, 197, 64), 0)
+
+
+class Refusals(unittest.TestCase):
+    def test_unknown_step(self):
+        with self.assertRaisesRegex(steps.StepRefused, "unknown step 'v99'") as caught:
+            steps.check("v99", (1, 1, 64, 64))
+        self.assertEqual(caught.exception.status, steps.REFUSED)
+
+    def test_head_dim_refused_without_a_gpu(self):
+        self.assertIn("--head-dim 48", steps.refusal("v0", (1, 1, 64, 48)))
+        with self.assertRaisesRegex(steps.StepRefused, "--head-dim 48"):
+            steps.max_tokens("v0", 48)
+
+    def test_bad_sizes(self):
+        with self.assertRaisesRegex(steps.StepRefused, "tokens 0"):
+            steps.check("v0", (1, 1, 0, 64))
+        with self.assertRaisesRegex(ValueError, "batch, heads, tokens, head_dim"):
+            steps.check("v0", (1, 64, 64))
+        with self.assertRaisesRegex(TypeError, "step id"):
+            steps.check(6, (1, 1, 64, 64))
+
+    def test_run_refuses_null_pointers_or_has_no_device(self):
+        library = steps.load_library()
+        with self.assertRaises(steps.AttentionStepsError) as caught:
+            library.run("v0", 0, 0, 0, 0, (1, 1, 1, 64))
+        expected = "q is NULL" if has_gpu() else "no CUDA device"
+        self.assertIn(expected, str(caught.exception))
+
+
+class NoDevice(unittest.TestCase):
+    def setUp(self):
+        if has_gpu():
+            self.skipTest("a CUDA device is present: the no-device answers are tested without one")
+
+    def test_every_gpu_question_answers_no_cuda_device(self):
+        for call in (steps.device_info,
+                     lambda: steps.check("v0", (2, 3, 65, 64)),
+                     lambda: steps.refusal("v6", (2, 3, 65, 64)),
+                     lambda: steps.max_tokens("v1", 64),
+                     lambda: steps.load_library().run("v0", 16, 16, 16, 4096, (1, 1, 1, 64))):
+            with self.assertRaisesRegex(steps.CudaError, "no CUDA device found") as caught:
+                call()
+            self.assertEqual(caught.exception.status, steps.CUDA_ERROR)
+
+
+class WithDevice(unittest.TestCase):
+    def setUp(self):
+        if not has_gpu():
+            self.skipTest("no CUDA device")
+
+    def test_device_and_limits(self):
+        info = steps.device_info()
+        self.assertTrue(info.name)
+        self.assertGreater(info.shared_bytes_per_block, 0)
+        self.assertIsNone(steps.max_tokens("v0", 64))      # v0 uses no shared memory
+        self.assertIsNone(steps.refusal("v0", (2, 3, 65, 64)))
+
+
+if __name__ == "__main__":
+    result = unittest.main(exit=False, verbosity=2).result
+    sys.exit(0 if result.wasSuccessful() and result.testsRun > 0 else 1)
