@@ -14,6 +14,9 @@
 //     P V of the previous tile runs on the tensor cores while the softmax of the next runs on
 //     the other units (intra-warpgroup overlap). The K/V tiles are visited last to first, so
 //     the only partial tile, the last, is the first one, peeled off the loop with its mask;
+//   - the two consumers take turns on the tensor cores (ping-pong): each issues its two GEMMs
+//     only after the other has issued its own, so one's softmax (the exponentials' special
+//     function unit) runs while the other's GEMMs run, instead of both waiting on the same unit;
 //   - persistent blocks: one per SM, each walking a list of (slice, 128-row tile) work tiles.
 //     The producer loads the next tile's Q (double-buffered) and K/V while the consumers finish
 //     the current one, and O leaves through a staging buffer and an asynchronous TMA store.
@@ -43,14 +46,15 @@ __device__ __forceinline__ float fast_exp2(float x) {
 
 // ---- Tile geometry and shared memory --------------------------------------------------------
 
-template <int kHeadDim, int kBlockN_, int kStages_>
+template <int kHeadDim_, int kBlockN_, int kStages_, int kQBuffers_>
 struct Tiles {
+  static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kConsumers = 2;                 // consumer warpgroups
   static constexpr int kThreads = 128 * (1 + kConsumers);  // warpgroup 0 is the producer
   static constexpr int kBlockM = 64 * kConsumers;      // query rows per work tile
   static constexpr int kBlockN = kBlockN_;             // keys per K and V tile
-  static constexpr int kStages = kStages_;             // K/V stages in flight
-  static constexpr int kQBuffers = 2;                  // the next tile's Q lands during this one
+  static constexpr int kStages = kStages_;             // K stages, and as many V stages
+  static constexpr int kQBuffers = kQBuffers_;         // 2: the next tile's Q lands during this one
   static constexpr int kColumnBlocks = kHeadDim / hopper::kSwizzleColumns;
   static constexpr int kDSteps = kHeadDim / 16;
   static constexpr int kKeySteps = kBlockN / 16;
@@ -60,14 +64,14 @@ struct Tiles {
   static constexpr int kConsumerRegisters = 240;
   static constexpr uint32_t kQBytes = kBlockM * kHeadDim * sizeof(__half);
   static constexpr uint32_t kKVBytes = kBlockN * kHeadDim * sizeof(__half);
-  // Q buffers, O staging, K stages, V stages (multiples of 1024 bytes), then the barriers:
-  // q_full, q_empty per Q buffer; kv_full, kv_empty per stage.
+  // Q buffers, O staging, K stages, V stages (multiples of 1024 bytes), then the barriers: a
+  // full and an empty one per Q buffer, per K stage and per V stage.
   static constexpr uint32_t kOOffset = kQBuffers * kQBytes;
   static constexpr uint32_t kKOffset = kOOffset + kQBytes;
   static constexpr uint32_t kVOffset = kKOffset + kStages * kKVBytes;
   static constexpr uint32_t kBarrierOffset = kVOffset + kStages * kKVBytes;
   static constexpr uint32_t kSharedBytes =
-      kBarrierOffset + 2 * (kQBuffers + kStages) * sizeof(uint64_t) + 1024;
+      kBarrierOffset + 2 * (kQBuffers + 2 * kStages) * sizeof(uint64_t) + 1024;
   static_assert(kHeadDim % hopper::kSwizzleColumns == 0, "whole 64-column swizzle blocks");
   static_assert(kBlockN % 16 == 0 && kBlockN <= 256, "wgmma's N: a multiple of 16 up to 256");
   static_assert(kQBytes % 1024 == 0 && kKVBytes % 1024 == 0, "tiles keep 1024-byte alignment");
@@ -76,6 +80,39 @@ struct Tiles {
 // Barrier arrivals that free a buffer: one per consumer warp (a warp's wgmma.wait_group covers
 // its own share of the warpgroup's instruction, so every warp says it is done).
 constexpr uint32_t kConsumerWarps = 8;
+
+// A ring of kSlots buffers, each guarded by a "full" mbarrier (completed by the copy engine: one
+// producer arrival plus the bytes) and an "empty" one (completed by the consumer warps). The
+// buffers are used in turn: use number u (counted over the whole kernel) goes to slot
+// u % kSlots, and the phase parity to wait for flips every time round the ring.
+template <int kSlots>
+struct Ring {
+  uint64_t* full;
+  uint64_t* empty;
+
+  __device__ int slot(int use) const { return use % kSlots; }
+  __device__ uint32_t parity(int use) const { return (use / kSlots) % 2; }
+  __device__ void init(uint32_t consumer_arrivals) const {
+    for (int i = 0; i < kSlots; ++i) {
+      hopper::mbarrier_init(&full[i], 1);
+      hopper::mbarrier_init(&empty[i], consumer_arrivals);
+    }
+  }
+  __device__ void wait_full(int use) const { hopper::mbarrier_wait(&full[slot(use)], parity(use)); }
+  // The first time round, the phase before the first (parity 1) counts as complete: free.
+  __device__ void wait_empty(int use) const {
+    hopper::mbarrier_wait(&empty[slot(use)], parity(use) ^ 1);
+  }
+  // One consumer warp is done with the buffer.
+  __device__ void release(int use, int lane) const {
+    __syncwarp();
+    if (lane == 0) hopper::mbarrier_arrive(&empty[slot(use)]);
+  }
+};
+
+// Named barriers of the consumers (0 is __syncthreads): per consumer, one for its epilogue
+// (its 128 threads) and one for its turn on the tensor cores (its 128 plus the other's 128).
+constexpr int kEpilogueBarrier = 1, kTurnBarrier = 3;
 
 // The work tiles of a launch, walked the same way by the producer and the consumers.
 struct WorkTile {
@@ -89,24 +126,24 @@ __device__ __forceinline__ WorkTile work_tile(int index, int row_tiles, int bloc
 
 // A thread of consumer c holds two rows of c's 64 (hopper.cuh gives the accumulator layout):
 // row lane/4 of its warp's 16 ("half" 0) and that row + 8 (half 1), a quarter of their columns.
-template <int kHeadDim, int kBlockN, int kStages>
-__global__ void __launch_bounds__(Tiles<kHeadDim, kBlockN, kStages>::kThreads, 1)
+template <typename T>
+__global__ void __launch_bounds__(T::kThreads, 1)
     warp_specialized_attention_kernel(const __grid_constant__ CUtensorMap q_map,
                                       const __grid_constant__ CUtensorMap k_map,
                                       const __grid_constant__ CUtensorMap v_map,
                                       const __grid_constant__ CUtensorMap o_map, int tokens,
                                       int row_tiles, int work_tiles, float scale_log2) {
-  using T = Tiles<kHeadDim, kBlockN, kStages>;
+  constexpr int kHeadDim = T::kHeadDim, kBlockN = T::kBlockN, kStages = T::kStages;
   extern __shared__ unsigned char shared_raw[];
   unsigned char* shared = shared_raw + (1024 - hopper::shared_address(shared_raw) % 1024) % 1024;
   __half* q_tiles = reinterpret_cast<__half*>(shared);                  // [buffer][column block][kBlockM][64]
   __half* o_stage = reinterpret_cast<__half*>(shared + T::kOOffset);    // [column block][kBlockM][64]
   __half* k_tiles = reinterpret_cast<__half*>(shared + T::kKOffset);    // [stage][column block][kBlockN][64]
   __half* v_tiles = reinterpret_cast<__half*>(shared + T::kVOffset);
-  uint64_t* q_full = reinterpret_cast<uint64_t*>(shared + T::kBarrierOffset);
-  uint64_t* q_empty = q_full + T::kQBuffers;
-  uint64_t* kv_full = q_empty + T::kQBuffers;
-  uint64_t* kv_empty = kv_full + kStages;
+  uint64_t* barriers = reinterpret_cast<uint64_t*>(shared + T::kBarrierOffset);
+  const Ring<T::kQBuffers> q_ring{barriers, barriers + T::kQBuffers};
+  const Ring<kStages> k_ring{q_ring.empty + T::kQBuffers, q_ring.empty + T::kQBuffers + kStages};
+  const Ring<kStages> v_ring{k_ring.empty + kStages, k_ring.empty + 2 * kStages};
   constexpr int kQHalves = T::kQBytes / sizeof(__half);
   constexpr int kKVHalves = T::kKVBytes / sizeof(__half);
 
@@ -115,47 +152,51 @@ __global__ void __launch_bounds__(Tiles<kHeadDim, kBlockN, kStages>::kThreads, 1
   const int kv_tiles = (tokens + kBlockN - 1) / kBlockN;
 
   if (threadIdx.x == 0) {
-    for (int b = 0; b < T::kQBuffers; ++b) {
-      hopper::mbarrier_init(&q_full[b], 1);
-      hopper::mbarrier_init(&q_empty[b], kConsumerWarps);
-    }
-    for (int stage = 0; stage < kStages; ++stage) {
-      hopper::mbarrier_init(&kv_full[stage], 1);
-      hopper::mbarrier_init(&kv_empty[stage], kConsumerWarps);
-    }
+    q_ring.init(kConsumerWarps);
+    k_ring.init(kConsumerWarps);
+    v_ring.init(kConsumerWarps);
     hopper::fence_barrier_init();
   }
   __syncthreads();  // the last block-wide barrier: from here on the roles meet only at mbarriers
 
-  // Counters shared by both roles' walks: work tiles done by this block, K/V stage uses. The
-  // buffer is the counter modulo the buffer count; the phase parity flips each time round.
+  // Both roles walk the same work tiles, and count the same uses of each ring: Q once per work
+  // tile, K and V once per K/V tile. K and V have rings of their own because the i-th K/V tile
+  // visited needs K one step before V (S = Q K^T of step i runs beside P V of step i - 1): a K
+  // stage is free as soon as its S is, without waiting for the V beside it.
   if (warp_group == 0) {
     // ---------------- Producer: one thread issues every copy ----------------
     hopper::release_registers<T::kProducerRegisters>();
     if (warp != 0 || lane != 0) return;
-    int kv_count = 0;
+    // Rows [kv_tile * kBlockN, ...) of K or V into the buffer of this use of the ring.
+    auto load = [&](const Ring<kStages>& ring, __half* tiles, const CUtensorMap* map, int use,
+                    int kv_tile, int slice) {
+      ring.wait_empty(use);
+      hopper::mbarrier_arrive_expect_bytes(&ring.full[ring.slot(use)], T::kKVBytes);
+      for (int c = 0; c < T::kColumnBlocks; ++c) {
+        hopper::tma_load(tiles + ring.slot(use) * kKVHalves + c * kBlockN * hopper::kSwizzleColumns,
+                         map, &ring.full[ring.slot(use)], c * hopper::kSwizzleColumns,
+                         kv_tile * kBlockN, slice);
+      }
+    };
+    int kv_use = 0;
     for (int index = blockIdx.x, done = 0; index < work_tiles; index += gridDim.x, ++done) {
       const WorkTile tile = work_tile(index, row_tiles, T::kBlockM);
-      // BEGIN EXERCISE: load this work tile's Q, then its K/V tiles last to first, each into a free buffer
-      const int q_buffer = done % T::kQBuffers;
-      hopper::mbarrier_wait(&q_empty[q_buffer], ((done / T::kQBuffers) % 2) ^ 1);
-      hopper::mbarrier_arrive_expect_bytes(&q_full[q_buffer], T::kQBytes);
+      // BEGIN EXERCISE: load the work tile's Q, then K and V of its K/V tiles, last tile first
+      q_ring.wait_empty(done);
+      hopper::mbarrier_arrive_expect_bytes(&q_ring.full[q_ring.slot(done)], T::kQBytes);
       for (int c = 0; c < T::kColumnBlocks; ++c) {
-        hopper::tma_load(q_tiles + q_buffer * kQHalves + c * T::kBlockM * hopper::kSwizzleColumns,
-                         &q_map, &q_full[q_buffer], c * hopper::kSwizzleColumns, tile.row0, tile.slice);
+        hopper::tma_load(q_tiles + q_ring.slot(done) * kQHalves + c * T::kBlockM * hopper::kSwizzleColumns,
+                         &q_map, &q_ring.full[q_ring.slot(done)], c * hopper::kSwizzleColumns,
+                         tile.row0, tile.slice);
       }
-      for (int kv_tile = kv_tiles - 1; kv_tile >= 0; --kv_tile, ++kv_count) {
-        const int stage = kv_count % kStages;
-        hopper::mbarrier_wait(&kv_empty[stage], ((kv_count / kStages) % 2) ^ 1);
-        hopper::mbarrier_arrive_expect_bytes(&kv_full[stage], 2 * T::kKVBytes);
-        for (int c = 0; c < T::kColumnBlocks; ++c) {
-          const int offset = stage * kKVHalves + c * kBlockN * hopper::kSwizzleColumns;
-          hopper::tma_load(k_tiles + offset, &k_map, &kv_full[stage], c * hopper::kSwizzleColumns,
-                           kv_tile * kBlockN, tile.slice);
-          hopper::tma_load(v_tiles + offset, &v_map, &kv_full[stage], c * hopper::kSwizzleColumns,
-                           kv_tile * kBlockN, tile.slice);
-        }
+      // Visit i (0 = the last K/V tile) uses K/V tile kv_tiles - 1 - i.
+      load(k_ring, k_tiles, &k_map, kv_use, kv_tiles - 1, tile.slice);
+      for (int i = 1; i < kv_tiles; ++i) {
+        load(k_ring, k_tiles, &k_map, kv_use + i, kv_tiles - 1 - i, tile.slice);
+        load(v_ring, v_tiles, &v_map, kv_use + i - 1, kv_tiles - i, tile.slice);
       }
+      load(v_ring, v_tiles, &v_map, kv_use + kv_tiles - 1, 0, tile.slice);
+      kv_use += kv_tiles;
       // END EXERCISE
     }
     return;
@@ -166,33 +207,39 @@ __global__ void __launch_bounds__(Tiles<kHeadDim, kBlockN, kStages>::kThreads, 1
   const int consumer = warp_group - 1;
   const int thread_in_group = threadIdx.x % 128;
   const int quad_lane = lane % 4;
-  // This warp is done with a buffer: one arrival on its empty barrier.
-  auto release = [&](uint64_t* empty) {
-    __syncwarp();
-    if (lane == 0) hopper::mbarrier_arrive(empty);
-  };
+  // Ping-pong: wait for my turn to issue GEMMs, then hand the turn to the other consumer.
+  // Consumer 0 goes first: consumer 1 hands it the first turn.
+  auto wait_for_turn = [&] { hopper::named_barrier_sync(kTurnBarrier + consumer, 256); };
+  auto pass_turn = [&] { hopper::named_barrier_arrive(kTurnBarrier + (1 - consumer), 256); };
+  if (consumer == 1) pass_turn();
 
-  int kv_count = 0;
+  int kv_use = 0;
   for (int index = blockIdx.x, done = 0; index < work_tiles; index += gridDim.x, ++done) {
     const WorkTile tile = work_tile(index, row_tiles, T::kBlockM);
-    const int q_buffer = done % T::kQBuffers;
     const int my_row0 = tile.row0 + consumer * 64;
 
     // A warpgroup whose 64 rows all lie past N (the last tile of N = 1025, say) only keeps the
-    // barrier counts: it waits for each stage to fill before releasing it, never running ahead.
+    // barrier counts: it waits for each stage to fill before releasing it, never running ahead,
+    // and takes its turns without GEMMs.
     if (my_row0 >= tokens) {
-      for (int kv_tile = 0; kv_tile < kv_tiles; ++kv_tile, ++kv_count) {
-        const int stage = kv_count % kStages;
-        hopper::mbarrier_wait(&kv_full[stage], (kv_count / kStages) % 2);
-        release(&kv_empty[stage]);
+      for (int i = 0; i < kv_tiles; ++i) {
+        k_ring.wait_full(kv_use + i);
+        k_ring.release(kv_use + i, lane);
+        v_ring.wait_full(kv_use + i);
+        v_ring.release(kv_use + i, lane);
+        if (i > 0) {
+          wait_for_turn();
+          pass_turn();
+        }
       }
-      hopper::mbarrier_wait(&q_full[q_buffer], (done / T::kQBuffers) % 2);
-      release(&q_empty[q_buffer]);
+      kv_use += kv_tiles;
+      q_ring.wait_full(done);
+      q_ring.release(done, lane);
       continue;
     }
 
     const uint64_t q_descriptor = hopper::matrix_descriptor(
-        q_tiles + q_buffer * kQHalves + consumer * 64 * hopper::kSwizzleColumns, 0, 1024);
+        q_tiles + q_ring.slot(done) * kQHalves + consumer * 64 * hopper::kSwizzleColumns, 0, 1024);
     float o_acc[kHeadDim / 2] = {};
     float row_max[2] = {-INFINITY, -INFINITY};  // raw score units
     float row_sum[2] = {0.0f, 0.0f};            // this lane's share; the quad's sum at the end
@@ -200,9 +247,10 @@ __global__ void __launch_bounds__(Tiles<kHeadDim, kBlockN, kStages>::kThreads, 1
     uint32_t p_fragments[T::kKeySteps][4];      // P in fp16: the A operand of P V
     float correction[2];                        // how much O shrinks for the newest tile
 
-    // S = Q K^T for the tile in `stage`, issued and committed, not awaited.
-    auto issue_scores = [&](int stage) {
-      const uint64_t k_descriptor = hopper::matrix_descriptor(k_tiles + stage * kKVHalves, 0, 1024);
+    // S = Q K^T with the K of this use of the ring, issued and committed, not awaited.
+    auto issue_scores = [&](int use) {
+      const uint64_t k_descriptor =
+          hopper::matrix_descriptor(k_tiles + k_ring.slot(use) * kKVHalves, 0, 1024);
       hopper::wgmma_fence();
       for (int step = 0; step < T::kDSteps; ++step) {
         const uint32_t column_block = step / 4, within_row = (step % 4) * 32;  // bytes
@@ -213,11 +261,11 @@ __global__ void __launch_bounds__(Tiles<kHeadDim, kBlockN, kStages>::kThreads, 1
       }
       hopper::wgmma_commit();
     };
-    // O += P V for the tile in `stage`, issued and committed, not awaited. Until it completes,
-    // neither O nor P (read from registers by the tensor cores) may change.
-    auto issue_output = [&](int stage) {
+    // O += P V with the V of this use of the ring, issued and committed, not awaited. Until it
+    // completes, neither O nor P (read from registers by the tensor cores) may change.
+    auto issue_output = [&](int use) {
       const uint64_t v_descriptor =
-          hopper::matrix_descriptor(v_tiles + stage * kKVHalves, kBlockN * 128, 1024);
+          hopper::matrix_descriptor(v_tiles + v_ring.slot(use) * kKVHalves, kBlockN * 128, 1024);
       for (int step = 0; step < T::kKeySteps; ++step) hopper::fence_registers(p_fragments[step]);
       hopper::fence_registers(o_acc);
       hopper::wgmma_fence();
@@ -232,25 +280,33 @@ __global__ void __launch_bounds__(Tiles<kHeadDim, kBlockN, kStages>::kThreads, 1
       for (int step = 0; step < T::kKeySteps; ++step) hopper::fence_registers(p_fragments[step]);
     };
     // The online softmax of v6 and v7 on s_acc, in place: the new row maxima and sums, and in
-    // `correction` the factor for O, applied once the P V in flight has finished.
+    // `correction` the factor for O, applied once the P V in flight has finished. While it runs,
+    // the other consumer's warps mostly wait on their wgmma, so each warp's own instruction-level
+    // parallelism decides its speed: the maxima and sums are kept as kChains independent partial
+    // results, not one chain in which every instruction waits for the one before.
     auto softmax = [&]() {
+      constexpr int kChains = 4;
       for (int half = 0; half < 2; ++half) {
-        float tile_max = row_max[half];
+        float maxima[kChains];
+        for (int c = 0; c < kChains; ++c) maxima[c] = row_max[half];
         for (int i = 0; i < kBlockN / 8; ++i) {
-          tile_max = fmaxf(tile_max, fmaxf(s_acc[4 * i + 2 * half], s_acc[4 * i + 2 * half + 1]));
+          maxima[i % kChains] = fmaxf(maxima[i % kChains],
+                                      fmaxf(s_acc[4 * i + 2 * half], s_acc[4 * i + 2 * half + 1]));
         }
+        float tile_max = fmaxf(fmaxf(maxima[0], maxima[1]), fmaxf(maxima[2], maxima[3]));
         tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
         tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
         const float max_scaled = tile_max * scale_log2;
         correction[half] = fast_exp2(row_max[half] * scale_log2 - max_scaled);  // 0 at first
         row_max[half] = tile_max;
-        row_sum[half] *= correction[half];
+        float sums[kChains] = {};
         for (int i = 0; i < kBlockN / 8; ++i) {
           for (int e = 2 * half; e < 2 * half + 2; ++e) {
             s_acc[4 * i + e] = fast_exp2(fmaf(s_acc[4 * i + e], scale_log2, -max_scaled));
-            row_sum[half] += s_acc[4 * i + e];
+            sums[i % kChains] += s_acc[4 * i + e];
           }
         }
+        row_sum[half] = row_sum[half] * correction[half] + ((sums[0] + sums[1]) + (sums[2] + sums[3]));
       }
     };
     // P in fp16, laid out as wgmma's A operand (two 8-key accumulator blocks per 16-key step).
@@ -263,15 +319,15 @@ __global__ void __launch_bounds__(Tiles<kHeadDim, kBlockN, kStages>::kThreads, 1
       }
     };
 
-    hopper::mbarrier_wait(&q_full[q_buffer], (done / T::kQBuffers) % 2);
+    q_ring.wait_full(done);
 
-    // The last K/V tile first: the only one that can hold keys past N (their K rows are TMA's
-    // zeros), which get -inf, so p = 0.
-    int stage = kv_count % kStages;
-    hopper::mbarrier_wait(&kv_full[stage], (kv_count / kStages) % 2);
-    issue_scores(stage);
+    // Visit 0 is the last K/V tile: the only one that can hold keys past N (their K rows are
+    // TMA's zeros), which get -inf, so p = 0.
+    k_ring.wait_full(kv_use);
+    issue_scores(kv_use);
     hopper::wgmma_wait<0>();
     hopper::fence_registers(s_acc);
+    k_ring.release(kv_use, lane);
     const int last_tile_keys = tokens - (kv_tiles - 1) * kBlockN;
     if (last_tile_keys < kBlockN) {
       for (int i = 0; i < kBlockN / 8; ++i) {
@@ -282,21 +338,23 @@ __global__ void __launch_bounds__(Tiles<kHeadDim, kBlockN, kStages>::kThreads, 1
     }
     softmax();  // O is still zero: nothing to correct
     pack_probabilities();
-    int pv_stage = stage;
-    ++kv_count;
 
-    // Every other tile, all full: its S = Q K^T and the previous tile's P V go to the tensor
-    // cores together, and the softmax of this S runs while that P V does.
-    for (int kv_tile = kv_tiles - 2; kv_tile >= 0; --kv_tile, ++kv_count) {
-      stage = kv_count % kStages;
-      hopper::mbarrier_wait(&kv_full[stage], (kv_count / kStages) % 2);
-      issue_scores(stage);
-      issue_output(pv_stage);
+    // Every other visit, to full tiles: its S = Q K^T and the previous visit's P V go to the
+    // tensor cores together (in this consumer's turn), and the softmax of this S runs while
+    // that P V does.
+    for (int i = 1; i < kv_tiles; ++i) {
+      k_ring.wait_full(kv_use + i);
+      v_ring.wait_full(kv_use + i - 1);
+      wait_for_turn();
+      issue_scores(kv_use + i);
+      issue_output(kv_use + i - 1);
+      pass_turn();
       hopper::wgmma_wait<1>();  // S is ready; P V may still run
       hopper::fence_registers(s_acc);
+      k_ring.release(kv_use + i, lane);
       softmax();
-      await_output();  // now the previous stage is free, and O and P may change
-      release(&kv_empty[pv_stage]);
+      await_output();  // now the V buffer is free, and O and P may change
+      v_ring.release(kv_use + i - 1, lane);
       for (int half = 0; half < 2; ++half) {
         for (int d = 0; d < kHeadDim / 8; ++d) {
           o_acc[4 * d + 2 * half] *= correction[half];
@@ -304,12 +362,13 @@ __global__ void __launch_bounds__(Tiles<kHeadDim, kBlockN, kStages>::kThreads, 1
         }
       }
       pack_probabilities();
-      pv_stage = stage;
     }
-    release(&q_empty[q_buffer]);  // every S = Q K^T of this work tile is complete
-    issue_output(pv_stage);
+    q_ring.release(done, lane);  // every S = Q K^T of this work tile is complete
+    v_ring.wait_full(kv_use + kv_tiles - 1);
+    issue_output(kv_use + kv_tiles - 1);
     await_output();
-    release(&kv_empty[pv_stage]);
+    v_ring.release(kv_use + kv_tiles - 1, lane);
+    kv_use += kv_tiles;
 
     // Normalise and stage this warpgroup's rows of O (once the previous tile's store has read
     // the staging buffer), then one thread stores them; the store runs on while the next tile
@@ -322,7 +381,7 @@ __global__ void __launch_bounds__(Tiles<kHeadDim, kBlockN, kStages>::kThreads, 1
       inverse[half] = 1.0f / total;
     }
     if (thread_in_group == 0) hopper::tma_store_wait_read();
-    hopper::named_barrier_sync(1 + consumer, 128);
+    hopper::named_barrier_sync(kEpilogueBarrier + consumer, 128);
     unsigned char* o_bytes = reinterpret_cast<unsigned char*>(o_stage);
     for (int d = 0; d < kHeadDim / 8; ++d) {
       for (int half = 0; half < 2; ++half) {
@@ -333,7 +392,7 @@ __global__ void __launch_bounds__(Tiles<kHeadDim, kBlockN, kStages>::kThreads, 1
       }
     }
     hopper::fence_async_shared();  // these ordinary stores are read next by the copy engine
-    hopper::named_barrier_sync(1 + consumer, 128);
+    hopper::named_barrier_sync(kEpilogueBarrier + consumer, 128);
     if (thread_in_group == 0) {
       for (int c = 0; c < T::kColumnBlocks; ++c) {
         hopper::tma_store(&o_map, o_stage + (c * T::kBlockM + consumer * 64) * hopper::kSwizzleColumns,
@@ -342,20 +401,21 @@ __global__ void __launch_bounds__(Tiles<kHeadDim, kBlockN, kStages>::kThreads, 1
       hopper::tma_store_commit();
     }
   }
+  if (consumer == 0) wait_for_turn();  // the turn consumer 1 passed last: every arrival is met
   if (thread_in_group == 0) hopper::tma_store_wait();  // shared memory must outlive the stores
 }
 
 // ---- Launch ---------------------------------------------------------------------------------
 
-template <int kHeadDim, int kBlockN, int kStages>
-void launch_for(Tiles<kHeadDim, kBlockN, kStages>, const attn::AttentionArgs& args) {
-  using T = Tiles<kHeadDim, kBlockN, kStages>;
+template <typename T>
+void launch_for(const attn::AttentionArgs& args) {
+  constexpr int kHeadDim = T::kHeadDim, kBlockN = T::kBlockN;
   const int64_t slices = int64_t(args.batch) * args.heads;
   const CUtensorMap q_map = hopper::tensor_map(args.q, slices, args.tokens, kHeadDim, T::kBlockM);
   const CUtensorMap k_map = hopper::tensor_map(args.k, slices, args.tokens, kHeadDim, kBlockN);
   const CUtensorMap v_map = hopper::tensor_map(args.v, slices, args.tokens, kHeadDim, kBlockN);
   const CUtensorMap o_map = hopper::tensor_map(args.o, slices, args.tokens, kHeadDim, 64);
-  auto kernel = warp_specialized_attention_kernel<kHeadDim, kBlockN, kStages>;
+  auto kernel = warp_specialized_attention_kernel<T>;
   CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                   int(T::kSharedBytes)));
   int device = 0, sm_count = 0;
@@ -375,13 +435,13 @@ void launch_for(Tiles<kHeadDim, kBlockN, kStages>, const attn::AttentionArgs& ar
 template <typename Body>
 void with_tile_shape(int64_t head_dim, Body&& body) {
   switch (head_dim) {
-    case 64: return body(Tiles<64, 128, 2>{});
-    case 128: return body(Tiles<128, 128, 2>{});
+    case 64: return body(Tiles<64, 208, 2, 2>{});
+    case 128: return body(Tiles<128, 128, 2, 2>{});
   }
 }
 
 void launch_warp_specialized(const attn::AttentionArgs& args) {
-  with_tile_shape(args.head_dim, [&](auto tiles) { launch_for(tiles, args); });
+  with_tile_shape(args.head_dim, [&](auto tiles) { launch_for<decltype(tiles)>(args); });
 }
 
 // Independent of N: two Q buffers, the O staging tile, the K and V stages.
