@@ -15,10 +15,15 @@
 #   profile    ncu on each step at N = 577 (scripts/profile.py)          -> profile.csv, profile/
 #   pytorch    PyTorch eager and SDPA backends (scripts/compare_pytorch.py), when torch imports
 #                                                                         -> pytorch.csv, pytorch_info.txt
+#   vit        whole torchvision ViTs with each step swapped in, through libattention_steps.so
+#              (scripts/vit_end_to_end.py), when torch and torchvision import; about 4 minutes,
+#              skipped with the reason when less than 90 s of TIME_LIMIT_S is left
+#                                  -> vit_end_to_end.csv, vit_end_to_end_kernels.csv, vit_end_to_end_info.txt
 # Environment:
 #   BUILD_DIR            the build folder (default: build)
-#   STAGES               default: info tests sanitizer bench profile pytorch
-#   PYTHON               interpreter for profile and pytorch (default: python3)
+#   STAGES               default: info tests sanitizer bench profile pytorch vit
+#   PYTHON               interpreter for profile, pytorch and vit (default: python3)
+#   VIT_ARGS             more arguments for scripts/vit_end_to_end.py (e.g. --quick)
 #   COMPUTE_SANITIZER    compute-sanitizer to use (default: PATH, then $CUDA_HOME/bin, /usr/local/cuda/bin)
 #   NCU                  ncu to use (same search)
 #   SANITIZER_JOBS       sanitizer runs at once (default 4)
@@ -59,7 +64,7 @@ LONG_SHAPE_BUDGET_S=${LONG_SHAPE_BUDGET_S:-25}
 TEST_JOBS=${TEST_JOBS:-4}
 TIME_LIMIT_S=${TIME_LIMIT_S:-540}
 
-all_stages=(info tests sanitizer bench profile pytorch)
+all_stages=(info tests sanitizer bench profile pytorch vit)
 IFS=', ' read -r -a stages <<< "${STAGES:-${all_stages[*]}}"  # "a,b" and "a b" both work
 for stage in "${stages[@]}"; do
   case " ${all_stages[*]} " in
@@ -405,14 +410,41 @@ stage_pytorch() {
     --info "$OUTDIR/pytorch_info.txt"
 }
 
+stage_vit() {
+  if ! "$PYTHON" -c 'import torch, torchvision' 2>/dev/null; then
+    echo "skipped: torch and torchvision do not import with $PYTHON"
+    return "$kSkipped"
+  fi
+  if ! "$PYTHON" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
+    echo "skipped: torch $("$PYTHON" -c 'import torch; print(torch.__version__)') sees no CUDA device"
+    return "$kSkipped"
+  fi
+  local library="$BUILD_DIR/libattention_steps.so"
+  [ -f "$library" ] || { echo "no $library (build the attention_steps target)"; return 1; }
+  local left=$(( deadline - $(date +%s) ))
+  if (( left < 90 )); then
+    echo "skipped: ${left} s of TIME_LIMIT_S=$TIME_LIMIT_S left; the end-to-end run takes about 4 minutes (STAGES=vit runs it alone)"
+    return "$kSkipped"
+  fi
+  # The script skips, with the reason, the rows that would end past its deadline, and still
+  # writes its CSVs; the deadline leaves it time to do so within this run's limit.
+  local script_deadline=$(( left - 20 ))
+  (( script_deadline > 225 )) && script_deadline=225
+  local extra=()
+  [ -n "${VIT_ARGS:-}" ] && read -r -a extra <<< "$VIT_ARGS"
+  ATTENTION_STEPS_LIBRARY="$library" timeout "$(limit 330)" "$PYTHON" scripts/vit_end_to_end.py \
+    --out-dir "$OUTDIR" --deadline-s "$script_deadline" "${extra[@]}"
+}
+
 # ---- driver ----------------------------------------------------------------------------------
 
 declare -A stage_file=(
   [info]=info.txt [tests]=tests.log [sanitizer]=sanitizer.log [bench]=bench.log
-  [profile]=profile.log [pytorch]=pytorch.log)
+  [profile]=profile.log [pytorch]=pytorch.log [vit]=vit.log)
 declare -A stage_results=(
   [info]="" [tests]=tests_junit.xml [sanitizer]=sanitizer/ [bench]="bench_vit.csv bench_long.csv"
-  [profile]="profile.csv profile/" [pytorch]="pytorch.csv pytorch_info.txt")
+  [profile]="profile.csv profile/" [pytorch]="pytorch.csv pytorch_info.txt"
+  [vit]="vit_end_to_end.csv vit_end_to_end_kernels.csv vit_end_to_end_info.txt")
 
 summary=()
 any_failed=0
@@ -464,4 +496,4 @@ if [ "$any_failed" -ne 0 ]; then
   exit 1
 fi
 echo "gpu-check: all stages passed. Results for the notebooks: copy bench_vit.csv, bench_long.csv," \
-     "profile.csv, pytorch.csv and pytorch_info.txt to docs/results/<gpu>/."
+     "profile.csv, pytorch.csv, pytorch_info.txt and vit_end_to_end*.csv/.txt to docs/results/<gpu>/."
