@@ -140,8 +140,8 @@ __global__ void __launch_bounds__(Tiles<kHeadDim>::kThreads, 1)
     const uint64_t v_descriptor =
         hopper::matrix_descriptor(v_tiles + stage * kKVHalves, T::kBlockN * 128, 1024);
 
+    float s_acc[T::kBlockN / 2];  // this thread's share of the warpgroup's 64 x kBlockN scores
     // BEGIN EXERCISE: S = Q K^T for this warpgroup's 64 rows: one wgmma per 16 columns of D
-    float s_acc[T::kBlockN / 2];
     hopper::wgmma_fence();
     for (int step = 0; step < T::kDSteps; ++step) {
       const uint32_t column_block = step / 4, within_row = (step % 4) * 32;  // bytes
