@@ -4,20 +4,31 @@
 Times PyTorch eager attention (scale, matmul, softmax, matmul in fp16, as a ViT block without
 fused attention runs it) and torch.nn.functional.scaled_dot_product_attention with each
 backend forced through torch.nn.attention.sdpa_kernel (flash, efficient, cuDNN, math), on
-fp16 [B, H, N, D] inputs. Writes one row per (implementation, N) in the bench's CSV schema
-(common/report.cpp, csv_header()), with the step ids torch_eager, sdpa_flash,
-sdpa_efficient, sdpa_cudnn and sdpa_math; a backend that cannot run says why in its status.
+fp16 [B, H, N, D] inputs; and, through the repository's library (libattention_steps.so and
+python/attention_steps), any of its steps (--steps v6,v7,v8,...), in the same process on the
+same inputs. Writes one row per (implementation, N) in the bench's CSV schema
+(common/report.cpp, csv_header()), with the ids torch_eager, sdpa_flash, sdpa_efficient,
+sdpa_cudnn, sdpa_math and the steps' own; an implementation that cannot run says why in its
+status.
 
 Method, as in common/: CUDA events around each run, 10 warm-ups, then one timed probe sets
-the count (up to 50 runs within about 2 s, at least 5); median, min and max. When one set of
-Q, K, V, O fits in L2, several sets rotate so no run finds its inputs in cache. The first and
-last (b, h) slices are checked against an fp64 reference with the rule of common/check.hpp:
-relative Frobenius error <= 4 * 2^-11 and max abs error <= 4 * 2^-11 * max|V|. The GPU's
-ceilings (copy bandwidth, fp16 tensor GEMM rate) are measured the same way the harness does.
+the count (up to 50 runs within about 2 s, at least 5). When one set of Q, K, V, O fits in L2,
+several sets rotate so no run finds its inputs in cache. One such timing is a window; every
+implementation is timed in --windows windows (default 5), interleaved: window w times each
+implementation once, in an order rotated by w, so a slow spell of the GPU lands on all of them
+instead of one. The row's median is the median of its windows' medians; min and max are
+over all timed runs; the last columns keep the windows (count, smallest and largest window
+median), so a wide spread shows instead of hiding. The first and last (b, h) slices are
+checked against an fp64 reference with the rule of common/check.hpp: relative Frobenius error
+<= 4 * 2^-11 and max abs error <= 4 * 2^-11 * max|V|. The GPU's ceilings (copy bandwidth,
+fp16 tensor GEMM rate) are measured the same way the harness does.
 
   scripts/compare_pytorch.py [--tokens 197,577,1025] [--batch 32] [--heads 12] [--head-dim 64]
-                             [--steps all|ID,ID,...] [--csv FILE] [--info FILE] [--seed S]
-                             [--device K]
+                             [--steps all|ID,ID,...] [--windows 5] [--csv FILE] [--info FILE]
+                             [--seed S] [--device K]
+
+--steps all means the PyTorch implementations; step ids need the library (the environment
+variable ATTENTION_STEPS_LIBRARY, or <checkout>/build/libattention_steps.so).
 
 Without --csv the rows go to stdout. --info writes the versions (torch, CUDA, cuDNN), the GPU
 and the date to FILE. Needs the Python standard library and torch with CUDA.
@@ -29,7 +40,9 @@ import contextlib
 import csv
 import datetime
 import math
+import os
 import platform
+import re
 import statistics
 import sys
 import warnings
@@ -40,6 +53,8 @@ CSV_COLUMNS = (
     "tflops,gbps,fraction_tensor_peak,fraction_bandwidth,tensor_peak_tflops,copy_gbps,"
     "status,relative_error,max_abs_error,checked_slices,gpu,date"
 ).split(",")
+# Appended after the bench's columns: the timing windows behind the median.
+WINDOW_COLUMNS = ["windows", "window_median_min_us", "window_median_max_us"]
 
 WARMUP = 10                        # common/options.hpp: default --warmup
 AUTO_ITERS, AUTO_SECONDS = 50, 2.0  # common/options.hpp: kAutoIters, kAutoSeconds
@@ -93,14 +108,17 @@ def parse_args(argv):
     parser.add_argument("--batch", default="32", help="batch B (default 32)")
     parser.add_argument("--heads", default="12", help="heads H (default 12)")
     parser.add_argument("--head-dim", default="64", help="head dim D (default 64)")
-    parser.add_argument("--steps", default="all", help="all, or ids among " + ",".join(IMPLEMENTATIONS))
+    parser.add_argument("--steps", default="all",
+                        help="all (the PyTorch ones), or ids among " + ",".join(IMPLEMENTATIONS)
+                        + " and the library's steps (v6, v7, ...)")
+    parser.add_argument("--windows", default="5", help="timing windows per implementation (default 5)")
     parser.add_argument("--csv", help="write the rows here (default: stdout)")
     parser.add_argument("--info", help="write torch, CUDA and cuDNN versions, GPU and date here")
     parser.add_argument("--seed", default="1234", help="seed of the random inputs (default 1234)")
     parser.add_argument("--device", default="0", help="CUDA device index (default 0)")
     args = parser.parse_args(argv)
     args.tokens = positive_list("--tokens", args.tokens)
-    for flag in ("batch", "heads", "head_dim", "device", "seed"):
+    for flag in ("batch", "heads", "head_dim", "device", "seed", "windows"):
         text = getattr(args, flag)
         if not text.isdigit() or (flag not in ("device", "seed") and int(text) < 1):
             raise UsageError(f"--{flag.replace('_', '-')}: '{text}' is not a "
@@ -110,9 +128,11 @@ def parse_args(argv):
         args.steps = list(IMPLEMENTATIONS)
     else:
         args.steps = args.steps.split(",")
-        unknown = [step for step in args.steps if step not in IMPLEMENTATIONS]
+        unknown = [step for step in args.steps
+                   if step not in IMPLEMENTATIONS and not re.fullmatch(r"v[0-9]+", step)]
         if unknown:
-            raise UsageError(f"--steps: no implementation '{unknown[0]}' (ids: {','.join(IMPLEMENTATIONS)})")
+            raise UsageError(f"--steps: no implementation '{unknown[0]}' (ids: "
+                             f"{','.join(IMPLEMENTATIONS)}, or a step id such as v8)")
     return args
 
 
@@ -227,33 +247,50 @@ def one_line(text, limit=240):
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def measure(bench, torch, step, backend_name, tools, shape, seed):
-    """One (implementation, shape): a result dict for the row, or a 'skipped: why' status."""
-    batch, heads, tokens, head_dim = shape
-    functional = torch.nn.functional
-    scale = 1.0 / math.sqrt(head_dim)
+def step_library():
+    """(the attention_steps module from python/ beside this script, None), or (None, why not)."""
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    sys.path.insert(0, os.path.join(repo, "python"))
+    try:
+        import attention_steps
+        attention_steps.load_library()
+    except Exception as error:  # ImportError, LibraryNotFoundError, an old library: say which
+        return None, one_line(error)
+    return attention_steps, None
 
+
+def implementation(torch, step, tools, steps_module):
+    """(attention(q, k, v), a context manager factory to run it in), or a 'skipped: why'."""
+    functional = torch.nn.functional
+    if step not in IMPLEMENTATIONS:
+        module, why_not = steps_module
+        if module is None:
+            return f"skipped: the repository's library did not load ({why_not})"
+        return (lambda q, k, v: module.attention(q, k, v, step=step)), contextlib.nullcontext
+    backend_name = IMPLEMENTATIONS[step]
     if backend_name is None:
         def attention(q, k, v):  # a ViT block without fused attention (timm's Attention)
-            scores = (q * scale) @ k.transpose(-2, -1)
+            scores = (q * (1.0 / math.sqrt(q.shape[-1]))) @ k.transpose(-2, -1)
             return scores.softmax(dim=-1) @ v
-        context = contextlib.nullcontext()
-    else:
-        if tools is None:
-            return {"status": "skipped: " + sdpa_tools(torch)[1]}
-        sdpa_kernel, sdpa_backend = tools
-        backend = getattr(sdpa_backend, backend_name, None)
-        if backend is None:
-            return {"status": f"skipped: torch {torch.__version__} has no SDPBackend.{backend_name}"}
+        return attention, contextlib.nullcontext
+    if tools is None:
+        return "skipped: " + sdpa_tools(torch)[1]
+    sdpa_kernel, sdpa_backend = tools
+    backend = getattr(sdpa_backend, backend_name, None)
+    if backend is None:
+        return f"skipped: torch {torch.__version__} has no SDPBackend.{backend_name}"
+    return functional.scaled_dot_product_attention, (lambda: sdpa_kernel(backend))
 
-        def attention(q, k, v):
-            return functional.scaled_dot_product_attention(q, k, v)
-        context = sdpa_kernel(backend)
 
+def measure(bench, torch, steps, tools, steps_module, shape, seed, windows):
+    """Every implementation on one shape: {step: result dict for its row}. Each is checked once,
+    then timed in `windows` windows, interleaved with the others (rotated order per window)."""
+    batch, heads, tokens, head_dim = shape
     elements = batch * heads * tokens * head_dim
     set_bytes = 4 * elements * 2  # Q, K, V, O in fp16
     sets = min(max(2 * bench.l2_bytes // set_bytes + 1, 1), MAX_BUFFER_SETS)
     generator = torch.Generator(device=bench.device).manual_seed(seed)
+    results, timed = {}, []
     inputs = []
     try:
         first = [torch.randn(batch, heads, tokens, head_dim, device=bench.device,
@@ -265,36 +302,58 @@ def measure(bench, torch, step, backend_name, tools, shape, seed):
             except torch.cuda.OutOfMemoryError:
                 break  # fewer sets, as the bench does when memory is short
         sets = len(inputs)
-        with context, warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            try:
-                output = attention(*inputs[0])
-                torch.cuda.synchronize()
-            except RuntimeError as error:
-                if isinstance(error, torch.cuda.OutOfMemoryError):
+        for step in steps:
+            found = implementation(torch, step, tools, steps_module)
+            if isinstance(found, str):
+                results[step] = {"status": found}
+                continue
+            attention, context = found
+            with context(), warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                try:
+                    output = attention(*inputs[0])
+                    torch.cuda.synchronize()
+                except torch.cuda.OutOfMemoryError:
                     raise
-                # SDPA says why a backend declined in warnings ("... not used because ...").
-                why = one_line("; ".join(str(w.message) for w in caught) or error)
-                return {"status": f"skipped: {backend_name} cannot run this shape: {why}"}
+                except Exception as error:  # a backend or step that declines this shape
+                    # SDPA says why a backend declined in warnings ("... not used because ...").
+                    why = one_line("; ".join(str(w.message) for w in caught) or error)
+                    results[step] = {"status": f"skipped: {step} cannot run this shape: {why}"}
+                    continue
             check = bench.check(*inputs[0], output)
             del output
-            # Keep one output per set alive, so outputs rotate through memory like the bench's O.
-            outputs = [None] * sets
-
-            def launch(run):
-                which = run % sets
-                outputs[which] = attention(*inputs[which])
-
-            timing = bench.time(launch)
-            del outputs
+            results[step] = {"check": check, "buffer_sets": sets, "windows": [],
+                             "status": "passed" if check["passed"] else "failed"}
+            timed.append((step, attention, context))
+        # Keep one output per set alive, so outputs rotate through memory like the bench's O.
+        outputs = [None] * sets
+        for window in range(windows):
+            shift = window % max(len(timed), 1)
+            for step, attention, context in timed[shift:] + timed[:shift]:
+                def launch(run, attention=attention):
+                    which = run % sets
+                    outputs[which] = attention(*inputs[which])
+                with context():
+                    results[step]["windows"].append(bench.time(launch))
+        del outputs
     except torch.cuda.OutOfMemoryError:
-        inputs.clear()
-        torch.cuda.empty_cache()
-        return {"status": f"skipped: out of GPU memory for this shape ({step})"}
+        for step in steps:
+            if not results.get(step, {}).get("windows"):
+                results[step] = {"status": f"skipped: out of GPU memory for this shape ({step})"}
     inputs.clear()
     torch.cuda.empty_cache()
-    return {"timing": timing, "check": check, "buffer_sets": sets,
-            "status": "passed" if check["passed"] else "failed"}
+    for result in results.values():
+        if result.get("windows"):
+            medians = [timing["median_us"] for timing in result["windows"]]
+            result["timing"] = {
+                "median_us": statistics.median(medians),
+                "min_us": min(timing["min_us"] for timing in result["windows"]),
+                "max_us": max(timing["max_us"] for timing in result["windows"]),
+                "iters": sum(timing["iters"] for timing in result["windows"]),
+                "warmup": result["windows"][0]["warmup"],
+                "window_median_min_us": min(medians), "window_median_max_us": max(medians),
+            }
+    return results
 
 
 def row_for(step, shape, result, ceilings, gpu):
@@ -302,7 +361,7 @@ def row_for(step, shape, result, ceilings, gpu):
     tensor_tflops, copy_gbps = ceilings
     flops = 4.0 * batch * heads * tokens * tokens * head_dim
     min_bytes = 4.0 * batch * heads * tokens * head_dim * 2
-    row = dict.fromkeys(CSV_COLUMNS, "")
+    row = dict.fromkeys(CSV_COLUMNS + WINDOW_COLUMNS, "")
     row.update(step=step, batch=batch, heads=heads, tokens=tokens, head_dim=head_dim, iters=0,
                warmup=0, buffer_sets=1, tensor_peak_tflops=number(tensor_tflops),
                copy_gbps=number(copy_gbps), status=result["status"], checked_slices=0, gpu=gpu,
@@ -319,7 +378,9 @@ def row_for(step, shape, result, ceilings, gpu):
                    fraction_bandwidth=number(gbps / copy_gbps if copy_gbps else None),
                    relative_error=number(check["relative_error"]),
                    max_abs_error=number(check["max_abs_error"]),
-                   checked_slices=check["checked_slices"])
+                   checked_slices=check["checked_slices"], windows=len(result["windows"]),
+                   window_median_min_us=number(timing["window_median_min_us"]),
+                   window_median_max_us=number(timing["window_median_max_us"]))
     return row
 
 
@@ -360,26 +421,32 @@ def run(argv):
     if args.info:
         write_info(args.info, torch, bench, ceilings, argv)
     tools, _ = sdpa_tools(torch)
+    needs_library = any(step not in IMPLEMENTATIONS for step in args.steps)
+    steps_module = step_library() if needs_library else (None, "no step asked for")
 
     out = open(args.csv, "w", newline="", encoding="utf-8") if args.csv else sys.stdout
     table = sys.stdout if args.csv else sys.stderr  # keep stdout pure CSV when it carries the rows
     any_failed = False
     try:
         writer = csv.writer(out, lineterminator="\n")
-        writer.writerow(CSV_COLUMNS)
-        print(f"{'step':<15} {'N':>6} {'D':>4} {'median_us':>11} {'TFLOP/s':>9} {'rel_err':>10}  status",
-              file=table)
+        writer.writerow(CSV_COLUMNS + WINDOW_COLUMNS)
+        print(f"{'step':<15} {'N':>6} {'D':>4} {'median_us':>11} {'windows (min-max)':>21} "
+              f"{'TFLOP/s':>9} {'rel_err':>10}  status", file=table)
         for tokens in args.tokens:
             shape = (args.batch, args.heads, tokens, args.head_dim)
+            results = measure(bench, torch, args.steps, tools, steps_module, shape, args.seed,
+                              args.windows)
             for step in args.steps:
-                result = measure(bench, torch, step, IMPLEMENTATIONS[step], tools, shape, args.seed)
+                result = results[step]
                 row = row_for(step, shape, result, ceilings, bench.gpu)
-                writer.writerow([row[column] for column in CSV_COLUMNS])
+                writer.writerow([row[column] for column in CSV_COLUMNS + WINDOW_COLUMNS])
                 out.flush()
                 any_failed = any_failed or result["status"] == "failed"
+                spread = (f"{row['window_median_min_us']}-{row['window_median_max_us']}"
+                          if row["windows"] else "-")
                 print(f"{step:<15} {tokens:>6} {args.head_dim:>4} {row['median_us'] or '-':>11} "
-                      f"{row['tflops'] or '-':>9} {row['relative_error'] or '-':>10}  {row['status']}",
-                      file=table, flush=True)
+                      f"{spread:>21} {row['tflops'] or '-':>9} {row['relative_error'] or '-':>10}  "
+                      f"{row['status']}", file=table, flush=True)
     finally:
         if out is not sys.stdout:
             out.close()

@@ -13,7 +13,8 @@
 #   bench      N = 197,577,1025 (all steps, baselines), then N = 2049..16385 for the steps
 #              with no N limit (v0 excluded)                             -> bench_vit.csv, bench_long.csv
 #   profile    ncu on each step at N = 577 (scripts/profile.py)          -> profile.csv, profile/
-#   pytorch    PyTorch eager and SDPA backends (scripts/compare_pytorch.py), when torch imports
+#   pytorch    PyTorch eager and SDPA backends beside steps v6-v8 (scripts/compare_pytorch.py, 5
+#              interleaved timing windows each) at N = 197,577,1025 and the two long shapes
 #                                                                         -> pytorch.csv, pytorch_info.txt
 #   vit        whole torchvision ViTs with each step swapped in, through libattention_steps.so
 #              (scripts/vit_end_to_end.py), when torch and torchvision import; about 4 minutes,
@@ -406,8 +407,30 @@ stage_pytorch() {
     echo "skipped: torch $("$PYTHON" -c 'import torch; print(torch.__version__)') sees no CUDA device"
     return "$kSkipped"
   fi
-  timeout "$(limit 600)" "$PYTHON" scripts/compare_pytorch.py --tokens 197,577,1025 --csv "$OUTDIR/pytorch.csv" \
-    --info "$OUTDIR/pytorch_info.txt"
+  # The flash steps run beside PyTorch in the same process through the build's library, each
+  # implementation timed in interleaved windows: the ratios of the README and chapter 10.
+  local steps="" id part rc=0
+  for id in v6 v7 v8; do [ -x "$BUILD_DIR/step${id#v}" ] && steps+=",$id"; done
+  [ -f "$BUILD_DIR/libattention_steps.so" ] || steps=""
+  local parts=(
+    "--tokens 197,577,1025 --steps all$steps"
+    "--tokens 4097 --batch 8 --heads 12 --head-dim 64 --steps sdpa_flash,sdpa_cudnn$steps"
+    "--tokens 4097 --batch 8 --heads 16 --head-dim 128 --steps sdpa_flash,sdpa_cudnn$steps"
+  )
+  : > "$OUTDIR/pytorch.csv"
+  for part in "${parts[@]}"; do
+    echo "## compare_pytorch.py $part"
+    # shellcheck disable=SC2086  # $part is a list of flags
+    ATTENTION_STEPS_LIBRARY="$BUILD_DIR/libattention_steps.so" timeout "$(limit 300)" \
+      "$PYTHON" scripts/compare_pytorch.py $part --windows 5 --csv "$OUTDIR/pytorch_part.csv" \
+      --info "$OUTDIR/pytorch_info.txt" || rc=$?
+    if [ -s "$OUTDIR/pytorch_part.csv" ]; then
+      if [ -s "$OUTDIR/pytorch.csv" ]; then tail -n +2 "$OUTDIR/pytorch_part.csv" >> "$OUTDIR/pytorch.csv"
+      else cat "$OUTDIR/pytorch_part.csv" > "$OUTDIR/pytorch.csv"; fi
+    fi
+    rm -f "$OUTDIR/pytorch_part.csv"
+  done
+  return "$rc"
 }
 
 stage_vit() {
