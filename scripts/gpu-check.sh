@@ -16,7 +16,8 @@
 #   pytorch    PyTorch eager and SDPA backends beside steps v6-v8 (scripts/compare_pytorch.py, 5
 #              interleaved timing windows each) at N = 197,577,1025 and the two long shapes
 #                                                                         -> pytorch.csv, pytorch_info.txt
-#   vit        whole torchvision ViTs with each step swapped in, through libattention_steps.so
+#   vit        the PyTorch bridge's GPU tests (tests/python/test_torch_bridge.py --gpu), then
+#              whole torchvision ViTs with each step swapped in, through libattention_steps.so
 #              (scripts/vit_end_to_end.py), when torch and torchvision import; about 4 minutes,
 #              skipped with the reason when less than 90 s of TIME_LIMIT_S is left
 #                                  -> vit_end_to_end.csv, vit_end_to_end_kernels.csv, vit_end_to_end_info.txt
@@ -449,6 +450,13 @@ stage_vit() {
     echo "skipped: ${left} s of TIME_LIMIT_S=$TIME_LIMIT_S left; the end-to-end run takes about 4 minutes (STAGES=vit runs it alone)"
     return "$kSkipped"
   fi
+  echo "## the PyTorch bridge on this GPU: every step against SDPA, a side stream, a refusal"
+  PYTHONPATH="$repo_root/python" ATTENTION_STEPS_LIBRARY="$library" timeout "$(limit 120)" \
+    "$PYTHON" tests/python/test_torch_bridge.py --gpu 2>&1 | tail -n 25 ||
+    { echo "the PyTorch bridge's GPU tests FAILED"; return 1; }
+  echo
+  echo "## whole ViTs (scripts/vit_end_to_end.py)"
+  left=$(( deadline - $(date +%s) ))
   # The script skips, with the reason, the rows that would end past its deadline, and still
   # writes its CSVs; the deadline leaves it time to do so within this run's limit.
   local script_deadline=$(( left - 20 ))
