@@ -14,8 +14,9 @@ batch 32, fp16, eval mode under torch.inference_mode(), with seeded random weigh
 
 Each row: the logits against the stock model's (max abs and relative Frobenius error) within
 a tolerance derived below; the whole forward timed with CUDA events (warm-up, then the median
-of several runs, no synchronisation between them); the GPU time of one or two profiled forwards
-(torch.profiler) split into kernel categories: attention (the step's kernels, or SDPA's),
+of several runs, no synchronisation between them); then, once every row of the model size is
+timed (a profiler session can leave launch overhead behind), the GPU time of one or two
+profiled forwards (torch.profiler) split into kernel categories: attention (the step's kernels, or SDPA's),
 GEMMs (cuBLAS, cuDNN convolution), LayerNorm, GELU, elementwise (residual and bias adds),
 layout copies (permute/contiguous, including the two the bridge adds per block), other.
 
@@ -383,8 +384,8 @@ def run_model_size(torch, torchvision, steps_module, library, args, name, image,
             f"tolerance max abs {tolerance_abs:.3g}, relative {tolerance_rel:.3g}")
         stock_ms = statistics.median(time_runs(torch, forward, 3))  # the estimate stock runs by
 
-        def measure(implementation, estimate_s, logits, call_ms, note=""):
-            """Checks, times and profiles the model as it now is: one row."""
+        def check_and_time(implementation, estimate_s, logits, call_ms, note=""):
+            """Checks and times the model as it now is: one row."""
             row = dict(base, implementation=implementation, status="passed", note=note,
                        attention_call_ms=number(call_ms), max_abs_tolerance=number(tolerance_abs),
                        relative_tolerance=number(tolerance_rel))
@@ -408,41 +409,45 @@ def run_model_size(torch, torchvision, steps_module, library, args, name, image,
             row.update(median_ms=number(median), min_ms=number(min(times)),
                        max_ms=number(max(times)), runs=runs,
                        images_per_s=number(args.batch / (median / 1000.0)))
-            row["_median_ms"] = median
-            if args.no_profile:
-                return row
+            row["_median_ms"], row["_estimate_s"] = median, estimate_s
+            return row
+
+        def profile_row(row):
+            """The kernel categories of one or two profiled forwards of the model as it now is."""
             profiled, attention_by = profile_forward(
-                torch, forward, 1 if estimate_s > 0.2 else 2,
+                torch, forward, 1 if row["_estimate_s"] > 0.2 else 2,
                 steps_module.torch_bridge.RECORD_PREFIX)
             total = sum(entry["ms"] for entry in profiled.values())
             row.update(attention_ms=number(profiled["attention"]["ms"]),
                        attention_share=number(profiled["attention"]["ms"] / total if total else None),
                        attention_by=attention_by)
-            row["_attention_ms"] = profiled["attention"]["ms"]
-            if implementation == "stock":
-                row["note"] = (note + "; " if note else "") + "attention kernels: " + \
+            if row["implementation"] == "stock":
+                row["note"] = (row["note"] + "; " if row["note"] else "") + "attention kernels: " + \
                     attention_backend(profiled["attention"]["top_kernel"])
             for category in CATEGORIES:
                 entry = profiled[category]
                 kernel_rows.append({
                     "gpu": gpu, "date": date, "model": name, "image_size": image,
-                    "implementation": implementation, "category": category,
+                    "implementation": row["implementation"], "category": category,
                     "gpu_ms": number(entry["ms"]),
                     "share": number(entry["ms"] / total if total else None),
                     "kernels": number(entry["kernels"], 4), "top_kernel": entry["top_kernel"],
                     "top_kernel_ms": number(entry["top_kernel_ms"])})
-            return row
+            return profiled["attention"]["ms"]
 
+        # Every row is checked and timed before any is profiled: a profiler session can leave
+        # launch overhead behind, and the rows of one model size are compared with each other.
         sdpa_ms = time_attention_call(
             torch, lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v))
-        stock = measure("stock", stock_ms / 1000.0, stock_logits, sdpa_ms,
-                        note="attention_call_ms: SDPA alone on contiguous [B, H, N, D]")
+        stock = check_and_time("stock", stock_ms / 1000.0, stock_logits, sdpa_ms,
+                               note="attention_call_ms: SDPA alone on contiguous [B, H, N, D]")
         stock_ms = stock["_median_ms"]
         stock["speedup_vs_stock"] = "1"
-        # What attention costs inside the stock forward: profiled, else SDPA alone per block.
-        stock_attention_ms = stock.get("_attention_ms", blocks * sdpa_ms)
         rows.append(stock)
         log(describe(stock))
+        # What attention costs inside the stock forward, for the estimates: one profiled forward
+        # would leave the profiler behind before the steps are timed, so SDPA alone per block.
+        stock_attention_ms = blocks * sdpa_ms
 
         for step in args.step_order:
             row = dict(base, implementation=step)
@@ -457,7 +462,8 @@ def run_model_size(torch, torchvision, steps_module, library, args, name, image,
                     torch, lambda step=step: steps_module.attention(q, k, v, step=step,
                                                                     library=library))
                 row["attention_call_ms"] = number(call_ms)
-                estimate_s = (stock_ms - stock_attention_ms + blocks * call_ms) / 1000.0
+                estimate_s = max(stock_ms - stock_attention_ms + blocks * call_ms,
+                                 blocks * call_ms) / 1000.0
                 fewest_s = FEWEST_FORWARDS * estimate_s
                 available_s = clock.left() - RESERVE_PER_MODEL_SIZE_S * models_left
                 if fewest_s > min(args.impl_budget_s, available_s):
@@ -472,7 +478,7 @@ def run_model_size(torch, torchvision, steps_module, library, args, name, image,
                 else:
                     steps_module.swap_attention(model, step=step, library=library)
                     try:
-                        row = measure(step, estimate_s, forward().float(), call_ms)
+                        row = check_and_time(step, estimate_s, forward().float(), call_ms)
                     finally:
                         steps_module.restore_attention(model)
                     row["speedup_vs_stock"] = number(stock_ms / row["_median_ms"], 4)
@@ -480,6 +486,30 @@ def run_model_size(torch, torchvision, steps_module, library, args, name, image,
                 row["status"] = f"error: {type(error).__name__}: {error}".replace("\n", " ")
             rows.append(row)
             log(describe(row))
+
+        if not args.no_profile:
+            for row in rows:
+                if "_median_ms" not in row:
+                    continue  # skipped or failed before it was timed
+                if clock.left() - RESERVE_PER_MODEL_SIZE_S * models_left < 2 * row["_estimate_s"]:
+                    row["note"] = (f"{row['note']}; " if row.get("note") else "") + \
+                        f"not profiled: the run reached --deadline-s {args.deadline_s:g}"
+                    continue
+                try:
+                    if row["implementation"] != "stock":
+                        steps_module.swap_attention(model, step=row["implementation"],
+                                                    library=library)
+                    try:
+                        profile_row(row)
+                    finally:
+                        steps_module.restore_attention(model)
+                except Exception as error:
+                    row["note"] = (f"{row.get('note', '')}; " if row.get("note") else "") + \
+                        f"profile failed: {type(error).__name__}: {error}".replace("\n", " ")
+                if row.get("attention_share"):
+                    log(f"{name}@{image} {row['implementation']}: attention "
+                        f"{float(row['attention_share']) * 100:.1f}% of GPU time "
+                        f"({row['attention_ms']} ms a forward, found by {row['attention_by']})")
     del model
     torch.cuda.empty_cache()
     return rows, kernel_rows
