@@ -9,6 +9,9 @@ namespace attn {
 namespace {
 
 constexpr int kMaxBufferSets = 8;
+// One launch of the slowest step at the largest tested shape takes seconds; two minutes means
+// the kernel will not finish (an unfinished warp-specialized exercise waits forever).
+constexpr double kCheckedRunLimitSeconds = 120;
 
 std::string gibibytes(double bytes) {
   char text[32];
@@ -101,7 +104,7 @@ RunResult run_step(const StepInfo& step, const HostTensors& inputs, const Refere
   CUDA_CHECK(cudaMemsetAsync(device_sets[0].o.data(), 0xFF, count * 2, stream));
   step.launch(args_for(device_sets[0], shape, workspace.data(), stream));
   CUDA_CHECK_LAUNCH();
-  CUDA_CHECK(cudaStreamSynchronize(stream));
+  synchronize_within(stream, kCheckedRunLimitSeconds);
   result.output.resize(count);
   CUDA_CHECK(cudaMemcpy(result.output.data(), device_sets[0].o.data(), count * 2,
                         cudaMemcpyDeviceToHost));

@@ -1,6 +1,9 @@
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <string>
+#include <thread>
 #include <utility>
 
 #include "cuda_check.hpp"
@@ -27,6 +30,21 @@ TimingStats summarize(const std::vector<double>& durations_us, int warmup) {
   stats.min_us = *std::min_element(durations_us.begin(), durations_us.end());
   stats.max_us = *std::max_element(durations_us.begin(), durations_us.end());
   return stats;
+}
+
+void synchronize_within(cudaStream_t stream, double limit_seconds) {
+  const auto start = std::chrono::steady_clock::now();
+  while (true) {
+    const cudaError_t status = cudaStreamQuery(stream);
+    if (status == cudaSuccess) return;
+    if (status != cudaErrorNotReady) CUDA_CHECK(status);
+    const std::chrono::duration<double> waited = std::chrono::steady_clock::now() - start;
+    if (waited.count() > limit_seconds) {
+      throw CudaError("the GPU work did not finish within " + std::to_string(int(limit_seconds)) +
+                      " s: a kernel that never ends (a barrier no thread completes?)");
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
 }
 
 namespace {
@@ -57,6 +75,8 @@ __global__ void hold_stream(uint64_t nanoseconds) {
   } while (now - start < nanoseconds);
 }
 
+constexpr double kTimedRunsLimitSeconds = 600;  // the slowest step's timed runs take a minute
+
 std::vector<double> timed_runs(const std::function<void(int)>& launch, cudaStream_t stream,
                                int first, int count) {
   std::vector<Event> starts(count), stops(count);
@@ -68,7 +88,7 @@ std::vector<double> timed_runs(const std::function<void(int)>& launch, cudaStrea
     launch(first + i);
     CUDA_CHECK(cudaEventRecord(stops[i].get(), stream));
   }
-  CUDA_CHECK(cudaStreamSynchronize(stream));
+  synchronize_within(stream, kTimedRunsLimitSeconds);
   std::vector<double> durations(count);
   for (int i = 0; i < count; ++i) {
     float ms = 0;

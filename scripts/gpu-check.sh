@@ -211,7 +211,7 @@ stage_tests() {
     # range leaves this GPU out: that one is skipped with its reason, neither passed nor failed.
     while read -r name; do
       reason=""
-      [[ "$name" =~ ^gpu\.(v[0-9]+)$ ]] && reason=$(suite_skip_reason "${BASH_REMATCH[1]}")
+      [[ "$name" =~ ^(capi\.)?gpu\.(v[0-9]+)$ ]] && reason=$(suite_skip_reason "${BASH_REMATCH[2]}")
       if is_capability_skip "$reason"; then
         echo "skipped: $name: ${reason#SKIPPED: }"
         with_reason=$((with_reason + 1))

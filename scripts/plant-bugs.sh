@@ -11,8 +11,9 @@
 #   nonorm      the output is not divided by the row sum
 # They are linked with the harness of an existing build (default build/) into
 # OUT/bench_planted (default stage/planted). --run then runs, on this machine's GPU,
-#   bench_planted --steps <all planted ids> --tokens 65,577 --batch 2 --heads 3 --check full
-# and exits 0 only when every row failed its check (the expected outcome), 1 otherwise.
+#   bench_planted --steps <all planted ids> --tokens 65,577,1025 --batch 2 --heads 3 --check full
+# and exits 0 only when every copy failed its check at one N at least (the expected outcome:
+# a missing rescale cannot show at N = 65, where one K/V tile holds every key), 1 otherwise.
 set -euo pipefail
 
 build_dir=build out=stage/planted run=0
@@ -74,10 +75,19 @@ echo "plant-bugs.sh: wrote $out/bench_planted ($ids_list)"
 [ "$run" = 1 ] || exit 0
 
 csv="$out/planted.csv"
-"$out/bench_planted" --steps "$ids_list" --tokens 65,577 --batch 2 --heads 3 --check full \
+"$out/bench_planted" --steps "$ids_list" --tokens 65,577,1025 --batch 2 --heads 3 --check full \
   --iters 1 --warmup 0 --csv "$csv" || true
 status_column=$(head -n 1 "$csv" | tr ',' '\n' | grep -nx status | cut -d: -f1)
-caught=$(tail -n +2 "$csv" | cut -d, -f"$status_column" | grep -c '^failed$' || true)
-rows=$(tail -n +2 "$csv" | wc -l)
-echo "plant-bugs.sh: $caught of $rows planted-bug runs failed their check (all must)"
-[ "$rows" -gt 0 ] && [ "$caught" -eq "$rows" ]
+missed=0
+for id in "${ids[@]}"; do
+  failed_at=$(awk -F, -v id="$id" -v column="$status_column" \
+    'NR > 1 && $1 == id && $column == "failed" { printf "%s%s", (n++ ? "," : ""), $4 }' "$csv")
+  if [ -n "$failed_at" ]; then
+    echo "plant-bugs.sh: $id caught: its check failed at N = $failed_at"
+  else
+    echo "plant-bugs.sh: $id NOT caught: its check passed at every N"
+    missed=$((missed + 1))
+  fi
+done
+echo "plant-bugs.sh: $(( ${#ids[@]} - missed )) of ${#ids[@]} planted bugs caught (all must be)"
+[ "$missed" -eq 0 ]
