@@ -3,7 +3,7 @@
 # planted bug, into one bench, and on a GPU runs them on tail shapes, where every copy must FAIL
 # its fp64 check. A planted bug the checks miss means the tests are weaker than they look.
 #
-#   scripts/plant-bugs.sh [--build-dir DIR] [--out DIR] [--run]
+#   scripts/plant-bugs.sh [--build-dir DIR] [--out DIR] [--run | --run-only]
 #
 # The bugs (each a one-line edit of the shipped kernel, refused if the line is gone):
 #   nomask      the keys past N in the last K/V tile keep their (zero-K) scores: p != 0 there
@@ -12,7 +12,8 @@
 # They are linked with the harness of an existing build (default build/) into
 # OUT/bench_planted (default stage/planted). --run then runs, on this machine's GPU,
 #   bench_planted --steps <all planted ids> --tokens 65,577,1025 --batch 2 --heads 3 --check full
-# and exits 0 only when every copy failed its check at one N at least (the expected outcome:
+# (--run-only: the bench_planted already in OUT, built here or on another machine, without
+# building) and exits 0 only when every copy failed its check at one N at least (the expected outcome:
 # a missing rescale cannot show at N = 65, where one K/V tile holds every key), 1 otherwise.
 set -euo pipefail
 
@@ -23,6 +24,7 @@ while [ "$#" -gt 0 ]; do
     --build-dir) build_dir=${2:?--build-dir needs a value}; shift 2 ;;
     --out) out=${2:?--out needs a value}; shift 2 ;;
     --run) run=1; shift ;;
+    --run-only) run=2; shift ;;
     *) echo "plant-bugs.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -54,6 +56,8 @@ mkdir -p "$out"
 objects=() ids=()
 for bug in "${bugs[@]}"; do
   IFS='|' read -r folder id arch shipped planted <<< "$bug"
+  ids+=("$id")
+  [ "$run" = 2 ] && continue
   source_file=$(ls "$repo"/steps/"$folder"/*.cu)
   grep -qF -- "$shipped" "$source_file" ||
     { echo "plant-bugs.sh: $source_file no longer has the line '$shipped'; update this script" >&2; exit 3; }
@@ -66,13 +70,14 @@ for bug in "${bugs[@]}"; do
   nvcc -std=c++17 -O3 --expt-relaxed-constexpr -gencode "arch=compute_$arch,code=sm_$arch" \
     -I"$repo/common" -I"$repo/steps" -DATTN_STEP_ID="\"$id\"" -c "$out/$id.cu" -o "$out/$id.o"
   objects+=("$out/$id.o")
-  ids+=("$id")
 done
-nvcc -o "$out/bench_planted" "${harness[0]}" "${objects[@]}" "${harness[1]}" "${harness[2]}" -lcublas -lpthread
-rm -f "$out"/*.o
 ids_list=$(IFS=,; echo "${ids[*]}")
-echo "plant-bugs.sh: wrote $out/bench_planted ($ids_list)"
-[ "$run" = 1 ] || exit 0
+if [ "$run" != 2 ]; then
+  nvcc -o "$out/bench_planted" "${harness[0]}" "${objects[@]}" "${harness[1]}" "${harness[2]}" -lcublas -lpthread
+  rm -f "$out"/*.o
+  echo "plant-bugs.sh: wrote $out/bench_planted ($ids_list)"
+fi
+[ "$run" != 0 ] || exit 0
 
 csv="$out/planted.csv"
 "$out/bench_planted" --steps "$ids_list" --tokens 65,577,1025 --batch 2 --heads 3 --check full \
