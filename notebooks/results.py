@@ -5,7 +5,7 @@ The CSVs come from one run of scripts/gpu-check.sh, copied to docs/results/<gpu>
   bench_vit.csv   the steps and the cuBLAS eager baseline at N = 197, 577, 1025 (bench)
   bench_long.csv  the steps with no N limit at N = 2049 ... 16385 (bench)
   pytorch.csv     PyTorch eager and the SDPA backends (scripts/compare_pytorch.py)
-  profile.csv     ncu per step at N = 577 (scripts/profile.py)
+  profile.csv     ncu per step at N = 577 (scripts/ncu_profile.py)
 RESULTS_GPU picks the folder (default h100). A missing file is a note, not an error: the
 notebook skips what needs it. A file that is there but malformed is an error.
 """
@@ -21,7 +21,7 @@ BENCH_COLUMNS = (
     "tflops,gbps,fraction_tensor_peak,fraction_bandwidth,tensor_peak_tflops,copy_gbps,"
     "status,relative_error,max_abs_error,checked_slices,gpu,date"
 ).split(",")
-# The columns of scripts/profile.py the notebooks read.
+# The columns of scripts/ncu_profile.py the notebooks read.
 PROFILE_COLUMNS = ["step", "batch", "heads", "tokens", "head_dim", "duration_us", "dram_bytes",
                    "min_bytes", "status", "gpu", "date"]
 

@@ -12,7 +12,7 @@
 #   sanitizer  memcheck + racecheck on every stepN at a tail shape       -> sanitizer.log, sanitizer/
 #   bench      N = 197,577,1025 (all steps, baselines), then N = 2049..16385 for the steps
 #              with no N limit (v0 excluded)                             -> bench_vit.csv, bench_long.csv
-#   profile    ncu on each step at N = 577 (scripts/profile.py)          -> profile.csv, profile/
+#   profile    ncu on each step at N = 577 (scripts/ncu_profile.py)          -> profile.csv, profile/
 #   pytorch    PyTorch eager and SDPA backends beside steps v6-v8 (scripts/compare_pytorch.py, 5
 #              interleaved timing windows each) at N = 197,577,1025 and the two long shapes
 #                                                                         -> pytorch.csv, pytorch_info.txt
@@ -396,7 +396,7 @@ stage_profile() {
   require_build || return 1
   local ncu
   ncu=$(find_tool ncu "${NCU:-}") || { echo "ncu not found (set NCU=/path/to/ncu)"; return 1; }
-  timeout "$(limit 900)" "$PYTHON" scripts/profile.py --build-dir "$BUILD_DIR" --out "$OUTDIR" --ncu "$ncu" --tokens 577
+  timeout "$(limit 900)" "$PYTHON" scripts/ncu_profile.py --build-dir "$BUILD_DIR" --out "$OUTDIR" --ncu "$ncu" --tokens 577
 }
 
 stage_pytorch() {

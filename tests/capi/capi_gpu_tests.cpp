@@ -155,13 +155,14 @@ TEST_CASE("the work is queued on the caller's stream, in its order, and the call
   CUDA_CHECK(cudaStreamSynchronize(observer.get()));
   std::vector<uint16_t> bits(problem.o.size());
   std::memcpy(bits.data(), pinned, problem.o.bytes());
-  CUDA_CHECK(cudaFreeHost(pinned));
   CHECK(cudaStreamQuery(stream.get()) == cudaErrorNotReady);
   std::size_t untouched = 0;
   for (uint16_t value : bits) untouched += value == 0xFFFF;
   CHECK(untouched == bits.size());
   gate.open = true;
   CUDA_CHECK(cudaStreamSynchronize(stream.get()));
+  // Only now: cudaFreeHost waits for the whole device, the held stream too.
+  CUDA_CHECK(cudaFreeHost(pinned));
   require_pass(problem.check());
 }
 

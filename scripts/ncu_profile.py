@@ -4,7 +4,7 @@ chapters cite: one CSV row per step with kernel duration, DRAM bytes read and wr
 SM throughput, achieved and theoretical occupancy with the limiter, registers per thread,
 shared memory per block, and the launch shape.
 
-  scripts/profile.py --out OUTDIR [--build-dir build] [--tokens 577] [--steps all|ID,ID,...]
+  scripts/ncu_profile.py --out OUTDIR [--build-dir build] [--tokens 577] [--steps all|ID,ID,...]
                      [--ncu PATH] [--kernel-regex attention] [--timeout SECONDS]
 
 Each step runs once under `ncu --clock-control none` (the GPU at its own clocks, as the bench
@@ -93,7 +93,7 @@ def number(value, digits=6):
 
 
 def parse_args(argv):
-    parser = argparse.ArgumentParser(prog="profile.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="ncu_profile.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--build-dir", default="build", help="folder with stepN and bench (default build)")
     parser.add_argument("--out", required=True, help="output folder: profile.csv and profile/ go there")
     parser.add_argument("--tokens", default="577", help="token count N (default 577, ViT at 384 px)")
@@ -397,10 +397,10 @@ def main():
     try:
         return run(sys.argv[1:])
     except UsageError as error:
-        print(f"profile.py: {error}", file=sys.stderr)
+        print(f"ncu_profile.py: {error}", file=sys.stderr)
         return 2
     except FileNotFoundError as error:
-        print(f"profile.py: {error}", file=sys.stderr)
+        print(f"ncu_profile.py: {error}", file=sys.stderr)
         return 3
 
 
