@@ -175,9 +175,17 @@ bool overlaps(const void* a, const void* b, std::size_t bytes) {
   return x < y + bytes && y < x + bytes;
 }
 
+// Bytes from a [B, H, N, D] view's first element to one past its last.
+std::size_t span_bytes(const attn::Shape& shape, const attn::TensorStrides& strides) {
+  return std::size_t((shape.batch - 1) * strides.batch + (shape.heads - 1) * strides.head +
+                     (shape.tokens - 1) * strides.token + shape.head_dim) * 2;
+}
+
 // Everything a launch needs, judged before anything is queued. Returns the device.
 int check_run(const attn::StepInfo& step, const attn::Shape& shape, const void* q, const void* k,
-              const void* v, const void* o, void* stream) {
+              const void* v, const void* o, void* stream,
+              const attn::TensorStrides& qkv_strides = {},
+              const attn::TensorStrides& o_strides = {}) {
   if (auto reason = step.refuses(shape)) throw Refused{*reason};
   const int device = current_device();
   if (auto reason = step.refuses(shape, limits_of(device))) throw Refused{*reason};
@@ -193,9 +201,13 @@ int check_run(const attn::StepInfo& step, const attn::Shape& shape, const void* 
   check_pointer("k", k, device);
   check_pointer("v", v, device);
   check_pointer("o", o, device);
-  const std::size_t bytes = std::size_t(shape.elements()) * 2;
+  const std::size_t input_bytes = span_bytes(
+      shape, attn::actual_strides(qkv_strides, shape.heads, shape.tokens, shape.head_dim));
+  const std::size_t output_bytes = span_bytes(
+      shape, attn::actual_strides(o_strides, shape.heads, shape.tokens, shape.head_dim));
   for (const auto& [name, input] : {std::pair<const char*, const void*>{"q", q}, {"k", k}, {"v", v}}) {
-    if (overlaps(o, input, bytes)) {
+    const auto x = reinterpret_cast<std::uintptr_t>(o), y = reinterpret_cast<std::uintptr_t>(input);
+    if (x < y + input_bytes && y < x + output_bytes) {
       throw Refused{std::string("o overlaps ") + name +
                     ": the output must not share memory with an input"};
     }
@@ -273,6 +285,7 @@ int attn_step_get(int index, attn_step_info* info) {
     info->max_compute_capability = step.max_compute_capability;
     info->uses_shared_memory = step.shared_bytes != nullptr ? 1 : 0;
     info->uses_workspace = step.workspace_bytes != nullptr ? 1 : 0;
+    info->takes_strides = step.takes_strides ? 1 : 0;
   });
 }
 
@@ -403,6 +416,41 @@ int attn_run_with_workspace(const char* id, const void* q, const void* k, const 
       }
     }
     launch(step, args_for(shape, q, k, v, o, needed > 0 ? workspace : nullptr, stream));
+  });
+}
+
+int attn_run_strided(const char* id, const void* q, const void* k, const void* v, void* o,
+                     int64_t batch, int64_t heads, int64_t tokens, int64_t head_dim,
+                     const attn_strides* qkv_strides, const attn_strides* o_strides, void* stream,
+                     char* message, std::size_t message_size) {
+  if (qkv_strides == nullptr && o_strides == nullptr) {
+    return attn_run(id, q, k, v, o, batch, heads, tokens, head_dim, stream, message, message_size);
+  }
+  return guarded(message, message_size, [&] {
+    const attn::StepInfo& step = step_named(id);
+    const attn::Shape shape = shape_of(batch, heads, tokens, head_dim);
+    if (!step.takes_strides) {
+      throw Refused{step.id + " reads and writes contiguous [B, H, N, D] tensors only; give "
+                    "contiguous ones (NULL strides), or use a step that takes views"};
+    }
+    auto strides_of = [&](const char* name, const attn_strides* given) {
+      if (given == nullptr) return attn::TensorStrides{};
+      for (int64_t stride : {given->batch, given->head, given->token}) {
+        if (stride < head_dim || stride % 8 != 0) {
+          throw Refused{std::string(name) + " strides {" + std::to_string(given->batch) + ", " +
+                        std::to_string(given->head) + ", " + std::to_string(given->token) +
+                        "}: each must be a multiple of 8 elements (16 bytes) and at least "
+                        "head_dim (" + std::to_string(head_dim) + ")"};
+        }
+      }
+      return attn::TensorStrides{given->batch, given->head, given->token};
+    };
+    attn::AttentionArgs args = args_for(shape, q, k, v, o, nullptr, stream);
+    args.qkv_strides = strides_of("qkv", qkv_strides);
+    args.o_strides = strides_of("o", o_strides);
+    check_run(step, shape, q, k, v, o, stream, args.qkv_strides, args.o_strides);
+    if (step.workspace_for(shape) > 0) throw Refused{step.id + " needs a workspace: use attn_run"};
+    launch(step, args);
   });
 }
 

@@ -35,7 +35,7 @@ extern "C" {
 #endif
 
 /* Bumped when a signature or a struct below changes. */
-#define ATTN_ABI_VERSION 1
+#define ATTN_ABI_VERSION 2
 
 #define ATTN_OK 0
 #define ATTN_REFUSED 2
@@ -55,7 +55,15 @@ typedef struct attn_step_info {
   int max_compute_capability;  /* 0: every newer GPU too; 90: Hopper alone */
   int uses_shared_memory;      /* 1 when its shared memory per block depends on the shape */
   int uses_workspace;          /* 1 when it needs scratch device memory (attn_workspace_bytes) */
+  int takes_strides;           /* 1 when it reads and writes views (attn_run_strided) */
 } attn_step_info;
+
+/* The strides, in elements, of a [B, H, N, D] view whose rows of D values are contiguous:
+ * between batches, between heads, between tokens. Q, K and V cut from one packed projection
+ * [B, N, 3, H, D] have {N*3*H*D, D, 3*H*D}; O written as [B, N, H, D] has {N*H*D, D, H*D}. */
+typedef struct attn_strides {
+  int64_t batch, head, token;
+} attn_strides;
 
 /* ATTN_ABI_VERSION of the library actually loaded. */
 int attn_abi_version(void);
@@ -111,6 +119,15 @@ int attn_run_with_workspace(const char* id, const void* q, const void* k, const 
                             int64_t batch, int64_t heads, int64_t tokens, int64_t head_dim,
                             void* workspace, size_t workspace_bytes, void* stream, char* message,
                             size_t message_size);
+
+/* attn_run on views: Q, K and V share `qkv_strides`, O has `o_strides` (either NULL: contiguous
+ * [B, H, N, D]). Only a step whose info has takes_strides accepts views (the others are
+ * refused); every stride must be a multiple of 8 elements (16 bytes) and at least head_dim, and
+ * the memory O spans must not overlap the memory Q, K or V span. No workspace. */
+int attn_run_strided(const char* id, const void* q, const void* k, const void* v, void* o,
+                     int64_t batch, int64_t heads, int64_t tokens, int64_t head_dim,
+                     const attn_strides* qkv_strides, const attn_strides* o_strides, void* stream,
+                     char* message, size_t message_size);
 
 #ifdef __cplusplus
 }

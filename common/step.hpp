@@ -16,6 +16,20 @@
 
 namespace attn {
 
+// Element strides of a [B, H, N, D] tensor whose rows of D values are contiguous: between
+// batches, between heads and between tokens. All zero, the default, means contiguous.
+struct TensorStrides {
+  int64_t batch = 0, head = 0, token = 0;
+  bool contiguous() const { return batch == 0 && head == 0 && token == 0; }
+};
+
+// The strides in use: contiguous ones (H*N*D, N*D, D) when none are given.
+inline TensorStrides actual_strides(TensorStrides given, int64_t heads, int64_t tokens,
+                                    int64_t head_dim) {
+  if (!given.contiguous()) return given;
+  return {heads * tokens * head_dim, tokens * head_dim, head_dim};
+}
+
 // What a launch gets: device pointers to [B, H, N, D] fp16 tensors and the sizes.
 struct AttentionArgs {
   const __half* q = nullptr;
@@ -28,6 +42,10 @@ struct AttentionArgs {
   int head_dim = 0;
   void* workspace = nullptr;  // workspace_bytes(shape) bytes, when the step asks for any
   cudaStream_t stream = nullptr;
+  // Views instead of contiguous tensors (Q, K and V sliced out of one packed projection, O
+  // written straight into [B, N, H*D]), for a step whose StepInfo says takes_strides.
+  TensorStrides qkv_strides;  // shared by Q, K and V
+  TensorStrides o_strides;
 };
 
 using LaunchFn = void (*)(const AttentionArgs&);
@@ -74,6 +92,7 @@ struct StepInfo {
   LaunchFn launch = nullptr;
   WorkspaceFn workspace_bytes = nullptr;  // scratch the launch needs; nullptr means none
   StepKind kind = StepKind::step;
+  bool takes_strides = false;  // reads and writes strided views (AttentionArgs), not only contiguous
 
   // Why this step refuses the shape on any GPU (a head dim it does not serve), in one line that
   // names the flag; nothing if it serves it.

@@ -19,7 +19,7 @@ from typing import Optional, Sequence, Tuple
 
 LIBRARY_NAME = "libattention_steps.so"
 ENVIRONMENT_VARIABLE = "ATTENTION_STEPS_LIBRARY"
-ABI_VERSION = 1          # capi/attention_steps.h: ATTN_ABI_VERSION
+ABI_VERSION = 2          # capi/attention_steps.h: ATTN_ABI_VERSION
 OK, REFUSED, CUDA_ERROR = 0, 2, 3
 MAX_HEAD_DIMS = 8        # ATTN_MAX_HEAD_DIMS
 MESSAGE_BYTES = 1024
@@ -57,6 +57,7 @@ class StepInfo:
     max_compute_capability: int  # 0: every newer GPU too
     uses_shared_memory: bool
     uses_workspace: bool
+    takes_strides: bool  # reads and writes views (Library.run with strides)
 
 
 @dataclass(frozen=True)
@@ -78,7 +79,12 @@ class _StepInfoStruct(ctypes.Structure):
         ("max_compute_capability", ctypes.c_int),
         ("uses_shared_memory", ctypes.c_int),
         ("uses_workspace", ctypes.c_int),
+        ("takes_strides", ctypes.c_int),
     ]
+
+
+class _StridesStruct(ctypes.Structure):
+    _fields_ = [("batch", ctypes.c_int64), ("head", ctypes.c_int64), ("token", ctypes.c_int64)]
 
 
 _i64, _size, _ptr, _char_p = ctypes.c_int64, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_char_p
@@ -96,6 +102,9 @@ _SIGNATURES = {
     "attn_run": [_char_p, _ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, _i64, _ptr, _char_p, _size],
     "attn_run_with_workspace": [_char_p, _ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, _i64, _ptr,
                                 _size, _ptr, _char_p, _size],
+    "attn_run_strided": [_char_p, _ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, _i64,
+                         ctypes.POINTER(_StridesStruct), ctypes.POINTER(_StridesStruct), _ptr,
+                         _char_p, _size],
 }
 
 
@@ -190,7 +199,8 @@ class Library:
                 min_compute_capability=info.min_compute_capability,
                 max_compute_capability=info.max_compute_capability,
                 uses_shared_memory=bool(info.uses_shared_memory),
-                uses_workspace=bool(info.uses_workspace)))
+                uses_workspace=bool(info.uses_workspace),
+                takes_strides=bool(info.takes_strides)))
         self._steps = tuple(found)
         return found
 
@@ -240,14 +250,23 @@ class Library:
         self._call("attn_workspace_bytes", self._id(step), *_shape(shape), ctypes.byref(result))
         return result.value
 
-    def run(self, step, q, k, v, o, shape, stream=0, workspace=None, workspace_bytes=0):
+    def run(self, step, q, k, v, o, shape, stream=0, workspace=None, workspace_bytes=0,
+            qkv_strides=None, o_strides=None):
         """Queues the step on raw device pointers (ints) of fp16 [B, H, N, D] tensors, on the
         cudaStream_t `stream` (an int; 0 is the legacy default stream). Without a workspace, a
-        step that needs one allocates it stream-ordered."""
+        step that needs one allocates it stream-ordered. qkv_strides and o_strides, element
+        strides (batch, head, token) of views, go to a step that takes_strides (None:
+        contiguous)."""
         shape = _shape(shape)
         pointers = [ctypes.c_void_p(int(p)) if p else None for p in (q, k, v, o)]
         stream = ctypes.c_void_p(int(stream)) if stream else None
-        if workspace is None:
+        if qkv_strides is not None or o_strides is not None:
+            if workspace is not None:
+                raise ValueError("strided runs take no workspace")
+            given = [ctypes.byref(_StridesStruct(*map(int, strides))) if strides is not None
+                     else None for strides in (qkv_strides, o_strides)]
+            self._call("attn_run_strided", self._id(step), *pointers, *shape, *given, stream)
+        elif workspace is None:
             self._call("attn_run", self._id(step), *pointers, *shape, stream)
         else:
             self._call("attn_run_with_workspace", self._id(step), *pointers, *shape,

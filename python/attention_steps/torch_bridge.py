@@ -21,7 +21,9 @@ from ._capi import StepRefused, load_library
 RECORD_PREFIX = "attention_steps::"  # profiler ranges around each kernel call: attention_steps::v6
 
 
-def _check_inputs(q, k, v):
+def _check_inputs(q, k, v, views=False):
+    """Raises for tensors a step cannot take. With views=True (a step that takes strides),
+    q, k and v may be views with one set of strides whose rows of D values are contiguous."""
     for name, tensor in (("q", q), ("k", k), ("v", v)):
         if not isinstance(tensor, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, not {type(tensor).__name__}")
@@ -37,7 +39,12 @@ def _check_inputs(q, k, v):
             raise TypeError(f"{name} is {tensor.dtype}; the steps take torch.float16 only "
                             "(call .half())")
     for name, tensor in (("q", q), ("k", k), ("v", v)):
-        if not tensor.is_contiguous():
+        if views:
+            if tensor.stride(-1) != 1 or tensor.stride()[:3] != q.stride()[:3]:
+                raise ValueError(f"{name} (strides {tensor.stride()}): the step takes views whose "
+                                 "rows of D values are contiguous, one set of strides for q, k "
+                                 "and v")
+        elif not tensor.is_contiguous():
             raise ValueError(f"{name} is not contiguous (strides {tensor.stride()} for shape "
                              f"{tuple(tensor.shape)}); the steps read [B, H, N, D] row-major: "
                              "call .contiguous()")
@@ -52,27 +59,42 @@ def _check_inputs(q, k, v):
                            "torch.no_grad(), or detach the inputs")
 
 
-def attention(q, k, v, step="v6", *, library=None):
-    """O = softmax(Q K^T / sqrt(D)) V by step `step`, for CUDA fp16 contiguous [B, H, N, D]
-    tensors q, k, v of one shape; O is a new tensor like q. Queued on the current stream of
-    their device; raises StepRefused (with the library's reason) for a shape the step does not
-    serve on this GPU, CudaError for a CUDA failure, TypeError/ValueError for bad tensors."""
-    _check_inputs(q, k, v)
+def attention(q, k, v, step="v6", *, out=None, library=None):
+    """O = softmax(Q K^T / sqrt(D)) V by step `step`, for CUDA fp16 [B, H, N, D] tensors q, k, v
+    of one shape; O is `out` or a new tensor like q. Contiguous tensors for every step; views
+    (rows of D contiguous, one set of strides for q, k and v; `out` a view too) for a step that
+    takes strides (v7, v8), read and written in place without a copy. Queued on the current
+    stream of their device; raises StepRefused (with the library's reason) for a shape the step
+    does not serve on this GPU, CudaError for a CUDA failure, TypeError/ValueError for bad
+    tensors."""
     library = library or load_library()
-    out = torch.empty_like(q)
+    info = library.step(step)
+    _check_inputs(q, k, v, views=info.takes_strides)
+    if out is None:
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    elif (out.shape != q.shape or out.dtype != q.dtype or out.device != q.device or
+          (not out.is_contiguous() and not (info.takes_strides and out.stride(-1) == 1))):
+        raise ValueError(f"out must be a {tuple(q.shape)} {q.dtype} tensor on {q.device}, "
+                         f"contiguous{' or a view with rows of D contiguous' if info.takes_strides else ''}")
+    strided = not (q.is_contiguous() and k.is_contiguous() and v.is_contiguous() and
+                   out.is_contiguous())
     with torch.cuda.device(q.device):  # the library runs on the current device
         stream = torch.cuda.current_stream(q.device).cuda_stream
+        pointers = (q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr())
+        if strided:
+            library.run(step, *pointers, tuple(q.shape), stream, qkv_strides=q.stride()[:3],
+                        o_strides=out.stride()[:3])
+            return out
         workspace_bytes = 0
-        if library.step(step).uses_workspace:
+        if info.uses_workspace:
             workspace_bytes = library.workspace_bytes(step, tuple(q.shape))
         if workspace_bytes > 0:
             # From torch's caching allocator: stream-ordered like the tensors themselves.
             workspace = torch.empty(workspace_bytes, dtype=torch.uint8, device=q.device)
-            library.run(step, q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(),
-                        tuple(q.shape), stream, workspace.data_ptr(), workspace_bytes)
+            library.run(step, *pointers, tuple(q.shape), stream, workspace.data_ptr(),
+                        workspace_bytes)
         else:
-            library.run(step, q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(),
-                        tuple(q.shape), stream)
+            library.run(step, *pointers, tuple(q.shape), stream)
     return out
 
 
@@ -80,9 +102,12 @@ class StepSelfAttention(nn.Module):
     """Self-attention of an nn.MultiheadAttention (batch_first) with a step's kernel inside:
 
         qkv = x W_in^T + b_in                       [B, N, 3E], the block's in-projection
-        q, k, v = qkv as [3, B, H, N, D]            one layout copy
-        o = step(q, k, v)                           [B, H, N, D]
-        y = (o as [B, N, E]) W_out^T + b_out        one layout copy, the block's out-projection
+        q, k, v = qkv as [3, B, H, N, D]            one layout copy (none for a step that
+                                                    takes strides: q, k, v are views of qkv)
+        o = step(q, k, v)                           [B, H, N, D] (written as [B, N, H, D] by a
+                                                    step that takes strides)
+        y = (o as [B, N, E]) W_out^T + b_out        one layout copy (none likewise), the
+                                                    block's out-projection
 
     It shares its parameters with the module it replaces (the same Parameter objects, under the
     same state_dict names), so weights loaded into either are the other's. `attention_fn`
@@ -136,8 +161,17 @@ class StepSelfAttention(nn.Module):
         if embed != self.embed_dim:
             raise ValueError(f"input has embedding {embed}; this block has {self.embed_dim}")
         qkv = F.linear(query, self.in_proj_weight, self.in_proj_bias)
-        qkv = qkv.view(batch, tokens, 3, self.num_heads, self.head_dim)
-        qkv = qkv.permute(2, 0, 3, 1, 4).contiguous()  # [3, B, H, N, D]: q, k, v contiguous
+        qkv = qkv.view(batch, tokens, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        if self.attention_fn is None and (self.library or load_library()).step(self.step).takes_strides:
+            # No layout copies: the step reads q, k, v as views of the projection [B, N, 3, H, D]
+            # and writes O as [B, N, H, D], which is the out-projection's input [B, N, E].
+            o = torch.empty(batch, tokens, self.num_heads, self.head_dim, dtype=qkv.dtype,
+                            device=qkv.device)
+            with torch.profiler.record_function(RECORD_PREFIX + self.step):
+                attention(qkv[0], qkv[1], qkv[2], step=self.step, out=o.transpose(1, 2),
+                          library=self.library)
+            return self.out_proj(o.view(batch, tokens, embed)), None
+        qkv = qkv.contiguous()  # [3, B, H, N, D]: q, k, v contiguous
         if self.attention_fn is not None:
             o = self.attention_fn(qkv[0], qkv[1], qkv[2])
         else:

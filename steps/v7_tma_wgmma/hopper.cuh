@@ -28,6 +28,7 @@
 #include <string>
 
 #include "cuda_check.hpp"
+#include "step.hpp"
 
 namespace hopper {
 
@@ -62,28 +63,34 @@ inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
   return encoder;
 }
 
-// A [slices, tokens, head_dim] fp16 tensor (contiguous: [B, H, N, D] with B*H slices) as boxes of
-// box_rows rows by 64 columns, 128-byte swizzled in shared memory. A box that reaches past row
-// tokens - 1 of its slice is zero-filled on loads and clipped on stores: tails need no masks.
-inline CUtensorMap tensor_map(const __half* base, int64_t slices, int tokens, int head_dim,
-                              int box_rows) {
-  if (reinterpret_cast<uintptr_t>(base) % 16 != 0) {
-    throw attn::CudaError("TMA needs 16-byte aligned tensors; this one starts at an odd address");
+// A [B, H, N, D] fp16 tensor whose rows of D values are contiguous (`strides` in elements:
+// between batches, heads and tokens; a packed view works as well as a contiguous tensor) as
+// boxes of box_rows tokens by 64 columns of one (b, h), 128-byte swizzled in shared memory. A
+// box that reaches past token N - 1 is zero-filled on loads and clipped on stores: tails need
+// no masks.
+inline CUtensorMap tensor_map(const __half* base, int batch, int heads, int tokens, int head_dim,
+                              attn::TensorStrides strides, int box_rows) {
+  const bool aligned = reinterpret_cast<uintptr_t>(base) % 16 == 0 && strides.batch % 8 == 0 &&
+                       strides.head % 8 == 0 && strides.token % 8 == 0;
+  if (!aligned) {
+    throw attn::CudaError("TMA needs 16-byte aligned tensors and strides; this one is not");
   }
   CUtensorMap map{};
-  const cuuint64_t dims[3] = {cuuint64_t(head_dim), cuuint64_t(tokens), cuuint64_t(slices)};
-  const cuuint64_t strides[2] = {cuuint64_t(head_dim) * sizeof(__half),  // bytes, dims 1 and 2
-                                 cuuint64_t(tokens) * head_dim * sizeof(__half)};
-  const cuuint32_t box[3] = {cuuint32_t(kSwizzleColumns), cuuint32_t(box_rows), 1};
-  const cuuint32_t element_strides[3] = {1, 1, 1};
+  const cuuint64_t dims[4] = {cuuint64_t(head_dim), cuuint64_t(tokens), cuuint64_t(heads),
+                              cuuint64_t(batch)};
+  const cuuint64_t byte_strides[3] = {cuuint64_t(strides.token) * sizeof(__half),  // dims 1, 2, 3
+                                      cuuint64_t(strides.head) * sizeof(__half),
+                                      cuuint64_t(strides.batch) * sizeof(__half)};
+  const cuuint32_t box[4] = {cuuint32_t(kSwizzleColumns), cuuint32_t(box_rows), 1, 1};
+  const cuuint32_t element_strides[4] = {1, 1, 1, 1};
   const CUresult result = tensor_map_encoder()(
-      &map, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 3, const_cast<__half*>(base), dims, strides, box,
-      element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+      &map, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 4, const_cast<__half*>(base), dims, byte_strides,
+      box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
       CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (result != CUDA_SUCCESS) {
     throw attn::CudaError("cuTensorMapEncodeTiled failed (CUresult " + std::to_string(int(result)) +
-                          ") for a [" + std::to_string(slices) + ", " + std::to_string(tokens) +
-                          ", " + std::to_string(head_dim) + "] tensor");
+                          ") for a [" + std::to_string(batch) + ", " + std::to_string(heads) + ", " +
+                          std::to_string(tokens) + ", " + std::to_string(head_dim) + "] tensor");
   }
   return map;
 }
@@ -130,24 +137,26 @@ __device__ __forceinline__ void mbarrier_wait(uint64_t* barrier, uint32_t parity
 
 // ---- The copy engine (TMA) and the async proxy -------------------------------------------------
 
-// Box (x = column, y = row, z = slice) of the tensor into shared memory; its bytes complete a
-// transaction on `barrier`.
+// The box at (column, token) of head `head` of batch `batch` of the tensor into shared memory;
+// its bytes complete a transaction on `barrier`.
 __device__ __forceinline__ void tma_load(void* destination, const CUtensorMap* map,
-                                         uint64_t* barrier, int x, int y, int z) {
+                                         uint64_t* barrier, int column, int token, int head,
+                                         int batch) {
   asm volatile(
-      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes"
-      " [%0], [%1, {%3, %4, %5}], [%2];\n" ::"r"(shared_address(destination)),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(shared_address(barrier)), "r"(x), "r"(y), "r"(z)
+      "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%3, %4, %5, %6}], [%2];\n" ::"r"(shared_address(destination)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(shared_address(barrier)), "r"(column), "r"(token),
+      "r"(head), "r"(batch)
       : "memory");
 }
 
-// Shared memory into box (x, y, z) of the tensor; rows past the slice's end are not written.
-__device__ __forceinline__ void tma_store(const CUtensorMap* map, const void* source, int x, int y,
-                                          int z) {
+// Shared memory into the box at (column, token, head, batch); tokens past N are not written.
+__device__ __forceinline__ void tma_store(const CUtensorMap* map, const void* source, int column,
+                                          int token, int head, int batch) {
   asm volatile(
-      "cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%2, %3, %4}], [%1];\n" ::"l"(
+      "cp.async.bulk.tensor.4d.global.shared::cta.bulk_group [%0, {%2, %3, %4, %5}], [%1];\n" ::"l"(
           reinterpret_cast<uint64_t>(map)),
-      "r"(shared_address(source)), "r"(x), "r"(y), "r"(z)
+      "r"(shared_address(source)), "r"(column), "r"(token), "r"(head), "r"(batch)
       : "memory");
 }
 __device__ __forceinline__ void tma_store_commit() {

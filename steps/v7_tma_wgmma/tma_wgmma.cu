@@ -72,8 +72,8 @@ __global__ void __launch_bounds__(Tiles<kHeadDim>::kThreads, 1)
     tma_wgmma_attention_kernel(const __grid_constant__ CUtensorMap q_map,
                                const __grid_constant__ CUtensorMap k_map,
                                const __grid_constant__ CUtensorMap v_map,
-                               const __grid_constant__ CUtensorMap o_map, int tokens,
-                               int row_tiles, float scale_log2) {
+                               const __grid_constant__ CUtensorMap o_map, int heads,
+                               int tokens, int row_tiles, float scale_log2) {
   using T = Tiles<kHeadDim>;
   extern __shared__ unsigned char shared_raw[];
   unsigned char* shared = shared_raw + (1024 - hopper::shared_address(shared_raw) % 1024) % 1024;
@@ -88,7 +88,8 @@ __global__ void __launch_bounds__(Tiles<kHeadDim>::kThreads, 1)
   const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
   const int quad_lane = lane % 4;
   const int row_tile = blockIdx.x % row_tiles;  // consecutive blocks share a slice's K and V
-  const int slice = blockIdx.x / row_tiles;
+  const int slice = blockIdx.x / row_tiles;  // (b, h): the tensor maps take head and batch
+  const int head = slice % heads, batch = slice / heads;
   const int row0 = row_tile * T::kBlockM;
   const int kv_tiles = (tokens + T::kBlockN - 1) / T::kBlockN;
 
@@ -100,9 +101,9 @@ __global__ void __launch_bounds__(Tiles<kHeadDim>::kThreads, 1)
     for (int c = 0; c < T::kColumnBlocks; ++c) {
       const int offset = stage * kKVHalves + c * T::kBlockN * hopper::kSwizzleColumns;
       hopper::tma_load(k_tiles + offset, &k_map, &kv_full[stage], c * hopper::kSwizzleColumns,
-                       tile * T::kBlockN, slice);
+                       tile * T::kBlockN, head, batch);
       hopper::tma_load(v_tiles + offset, &v_map, &kv_full[stage], c * hopper::kSwizzleColumns,
-                       tile * T::kBlockN, slice);
+                       tile * T::kBlockN, head, batch);
     }
   };
   if (copier) {
@@ -115,7 +116,7 @@ __global__ void __launch_bounds__(Tiles<kHeadDim>::kThreads, 1)
     hopper::mbarrier_arrive_expect_bytes(q_full, T::kQBytes);
     for (int c = 0; c < T::kColumnBlocks; ++c) {
       hopper::tma_load(q_tile + c * T::kBlockM * hopper::kSwizzleColumns, &q_map, q_full,
-                       c * hopper::kSwizzleColumns, row0, slice);
+                       c * hopper::kSwizzleColumns, row0, head, batch);
     }
     for (int tile = 0; tile < min(T::kStages, kv_tiles); ++tile) load_kv_tile(tile);
   }
@@ -238,7 +239,7 @@ __global__ void __launch_bounds__(Tiles<kHeadDim>::kThreads, 1)
   if (threadIdx.x % 128 == 0) {
     for (int c = 0; c < T::kColumnBlocks; ++c) {
       hopper::tma_store(&o_map, q_tile + (c * T::kBlockM + warp_group * 64) * hopper::kSwizzleColumns,
-                        c * hopper::kSwizzleColumns, row0 + warp_group * 64, slice);
+                        c * hopper::kSwizzleColumns, row0 + warp_group * 64, head, batch);
     }
     hopper::tma_store_commit();
     hopper::tma_store_wait();  // shared memory must outlive the copy's reads
@@ -251,17 +252,23 @@ template <int kHeadDim>
 void launch_for(const attn::AttentionArgs& args) {
   using T = Tiles<kHeadDim>;
   const int64_t slices = int64_t(args.batch) * args.heads;
-  const CUtensorMap q_map = hopper::tensor_map(args.q, slices, args.tokens, kHeadDim, T::kBlockM);
-  const CUtensorMap k_map = hopper::tensor_map(args.k, slices, args.tokens, kHeadDim, T::kBlockN);
-  const CUtensorMap v_map = hopper::tensor_map(args.v, slices, args.tokens, kHeadDim, T::kBlockN);
-  const CUtensorMap o_map = hopper::tensor_map(args.o, slices, args.tokens, kHeadDim, 64);
+  // Q, K, V and O may be views (AttentionArgs): the tensor maps carry their strides.
+  const attn::TensorStrides qkv = attn::actual_strides(args.qkv_strides, args.heads, args.tokens, kHeadDim);
+  const attn::TensorStrides o = attn::actual_strides(args.o_strides, args.heads, args.tokens, kHeadDim);
+  auto map = [&](const __half* tensor, attn::TensorStrides strides, int box_rows) {
+    return hopper::tensor_map(tensor, args.batch, args.heads, args.tokens, kHeadDim, strides, box_rows);
+  };
+  const CUtensorMap q_map = map(args.q, qkv, T::kBlockM);
+  const CUtensorMap k_map = map(args.k, qkv, T::kBlockN);
+  const CUtensorMap v_map = map(args.v, qkv, T::kBlockN);
+  const CUtensorMap o_map = map(args.o, o, 64);
   auto kernel = tma_wgmma_attention_kernel<kHeadDim>;
   CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                   int(T::kSharedBytes)));
   const int row_tiles = (args.tokens + T::kBlockM - 1) / T::kBlockM;
   const float scale_log2 = float(M_LOG2E / std::sqrt(double(kHeadDim)));
   kernel<<<unsigned(int64_t(row_tiles) * slices), T::kThreads, T::kSharedBytes, args.stream>>>(
-      q_map, k_map, v_map, o_map, args.tokens, row_tiles, scale_log2);
+      q_map, k_map, v_map, o_map, args.heads, args.tokens, row_tiles, scale_log2);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -281,4 +288,5 @@ std::size_t shared_bytes_needed(const attn::Shape& shape) {
 
 ATTN_REGISTER_STEP(attn::StepInfo{ATTN_STEP_ID,
                                   "TMA + wgmma: the copy engine and asynchronous tensor cores",
-                                  {64, 128}, 90, 90, shared_bytes_needed, launch_tma_wgmma})
+                                  {64, 128}, 90, 90, shared_bytes_needed, launch_tma_wgmma,
+                                  nullptr, attn::StepKind::step, /*takes_strides=*/true})

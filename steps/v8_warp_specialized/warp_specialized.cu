@@ -116,10 +116,11 @@ constexpr int kEpilogueBarrier = 1, kTurnBarrier = 3;
 
 // The work tiles of a launch, walked the same way by the producer and the consumers.
 struct WorkTile {
-  int slice, row0;
+  int head, batch, row0;
 };
-__device__ __forceinline__ WorkTile work_tile(int index, int row_tiles, int block_m) {
-  return {index / row_tiles, (index % row_tiles) * block_m};  // neighbours share a slice's K, V
+__device__ __forceinline__ WorkTile work_tile(int index, int row_tiles, int heads, int block_m) {
+  const int slice = index / row_tiles;  // neighbours share a slice's K and V
+  return {slice % heads, slice / heads, (index % row_tiles) * block_m};
 }
 
 // ---- The kernel -----------------------------------------------------------------------------
@@ -131,8 +132,8 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     warp_specialized_attention_kernel(const __grid_constant__ CUtensorMap q_map,
                                       const __grid_constant__ CUtensorMap k_map,
                                       const __grid_constant__ CUtensorMap v_map,
-                                      const __grid_constant__ CUtensorMap o_map, int tokens,
-                                      int row_tiles, int work_tiles, float scale_log2) {
+                                      const __grid_constant__ CUtensorMap o_map, int heads,
+                                      int tokens, int row_tiles, int work_tiles, float scale_log2) {
   constexpr int kHeadDim = T::kHeadDim, kBlockN = T::kBlockN, kStages = T::kStages;
   extern __shared__ unsigned char shared_raw[];
   unsigned char* shared = shared_raw + (1024 - hopper::shared_address(shared_raw) % 1024) % 1024;
@@ -169,33 +170,33 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     if (warp != 0 || lane != 0) return;
     // Rows [kv_tile * kBlockN, ...) of K or V into the buffer of this use of the ring.
     auto load = [&](const Ring<kStages>& ring, __half* tiles, const CUtensorMap* map, int use,
-                    int kv_tile, int slice) {
+                    int kv_tile, const WorkTile& tile) {
       ring.wait_empty(use);
       hopper::mbarrier_arrive_expect_bytes(&ring.full[ring.slot(use)], T::kKVBytes);
       for (int c = 0; c < T::kColumnBlocks; ++c) {
         hopper::tma_load(tiles + ring.slot(use) * kKVHalves + c * kBlockN * hopper::kSwizzleColumns,
                          map, &ring.full[ring.slot(use)], c * hopper::kSwizzleColumns,
-                         kv_tile * kBlockN, slice);
+                         kv_tile * kBlockN, tile.head, tile.batch);
       }
     };
     int kv_use = 0;
     for (int index = blockIdx.x, done = 0; index < work_tiles; index += gridDim.x, ++done) {
-      const WorkTile tile = work_tile(index, row_tiles, T::kBlockM);
+      const WorkTile tile = work_tile(index, row_tiles, heads, T::kBlockM);
       // BEGIN EXERCISE: load the work tile's Q, then K and V of its K/V tiles, last tile first
       q_ring.wait_empty(done);
       hopper::mbarrier_arrive_expect_bytes(&q_ring.full[q_ring.slot(done)], T::kQBytes);
       for (int c = 0; c < T::kColumnBlocks; ++c) {
         hopper::tma_load(q_tiles + q_ring.slot(done) * kQHalves + c * T::kBlockM * hopper::kSwizzleColumns,
                          &q_map, &q_ring.full[q_ring.slot(done)], c * hopper::kSwizzleColumns,
-                         tile.row0, tile.slice);
+                         tile.row0, tile.head, tile.batch);
       }
       // Visit i (0 = the last K/V tile) uses K/V tile kv_tiles - 1 - i.
-      load(k_ring, k_tiles, &k_map, kv_use, kv_tiles - 1, tile.slice);
+      load(k_ring, k_tiles, &k_map, kv_use, kv_tiles - 1, tile);
       for (int i = 1; i < kv_tiles; ++i) {
-        load(k_ring, k_tiles, &k_map, kv_use + i, kv_tiles - 1 - i, tile.slice);
-        load(v_ring, v_tiles, &v_map, kv_use + i - 1, kv_tiles - i, tile.slice);
+        load(k_ring, k_tiles, &k_map, kv_use + i, kv_tiles - 1 - i, tile);
+        load(v_ring, v_tiles, &v_map, kv_use + i - 1, kv_tiles - i, tile);
       }
-      load(v_ring, v_tiles, &v_map, kv_use + kv_tiles - 1, 0, tile.slice);
+      load(v_ring, v_tiles, &v_map, kv_use + kv_tiles - 1, 0, tile);
       kv_use += kv_tiles;
       // END EXERCISE
     }
@@ -215,7 +216,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
 
   int kv_use = 0;
   for (int index = blockIdx.x, done = 0; index < work_tiles; index += gridDim.x, ++done) {
-    const WorkTile tile = work_tile(index, row_tiles, T::kBlockM);
+    const WorkTile tile = work_tile(index, row_tiles, heads, T::kBlockM);
     const int my_row0 = tile.row0 + consumer * 64;
 
     // A warpgroup whose 64 rows all lie past N (the last tile of N = 1025, say) only keeps the
@@ -396,7 +397,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     if (thread_in_group == 0) {
       for (int c = 0; c < T::kColumnBlocks; ++c) {
         hopper::tma_store(&o_map, o_stage + (c * T::kBlockM + consumer * 64) * hopper::kSwizzleColumns,
-                          c * hopper::kSwizzleColumns, my_row0, tile.slice);
+                          c * hopper::kSwizzleColumns, my_row0, tile.head, tile.batch);
       }
       hopper::tma_store_commit();
     }
@@ -411,10 +412,16 @@ template <typename T>
 void launch_for(const attn::AttentionArgs& args) {
   constexpr int kHeadDim = T::kHeadDim, kBlockN = T::kBlockN;
   const int64_t slices = int64_t(args.batch) * args.heads;
-  const CUtensorMap q_map = hopper::tensor_map(args.q, slices, args.tokens, kHeadDim, T::kBlockM);
-  const CUtensorMap k_map = hopper::tensor_map(args.k, slices, args.tokens, kHeadDim, kBlockN);
-  const CUtensorMap v_map = hopper::tensor_map(args.v, slices, args.tokens, kHeadDim, kBlockN);
-  const CUtensorMap o_map = hopper::tensor_map(args.o, slices, args.tokens, kHeadDim, 64);
+  // Q, K, V and O may be views (AttentionArgs): the tensor maps carry their strides.
+  const attn::TensorStrides qkv = attn::actual_strides(args.qkv_strides, args.heads, args.tokens, kHeadDim);
+  const attn::TensorStrides o = attn::actual_strides(args.o_strides, args.heads, args.tokens, kHeadDim);
+  auto map = [&](const __half* tensor, attn::TensorStrides strides, int box_rows) {
+    return hopper::tensor_map(tensor, args.batch, args.heads, args.tokens, kHeadDim, strides, box_rows);
+  };
+  const CUtensorMap q_map = map(args.q, qkv, T::kBlockM);
+  const CUtensorMap k_map = map(args.k, qkv, kBlockN);
+  const CUtensorMap v_map = map(args.v, qkv, kBlockN);
+  const CUtensorMap o_map = map(args.o, o, 64);
   auto kernel = warp_specialized_attention_kernel<T>;
   CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                   int(T::kSharedBytes)));
@@ -427,7 +434,7 @@ void launch_for(const attn::AttentionArgs& args) {
   const int blocks = int(std::min<int64_t>(work_tiles, sm_count));  // persistent: one per SM
   const float scale_log2 = float(M_LOG2E / std::sqrt(double(kHeadDim)));
   kernel<<<blocks, T::kThreads, T::kSharedBytes, args.stream>>>(
-      q_map, k_map, v_map, o_map, args.tokens, row_tiles, int(work_tiles), scale_log2);
+      q_map, k_map, v_map, o_map, args.heads, args.tokens, row_tiles, int(work_tiles), scale_log2);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -455,4 +462,5 @@ std::size_t shared_bytes_needed(const attn::Shape& shape) {
 
 ATTN_REGISTER_STEP(attn::StepInfo{ATTN_STEP_ID,
                                   "warp specialized: TMA producer, 2 wgmma consumers, overlap",
-                                  {64, 128}, 90, 90, shared_bytes_needed, launch_warp_specialized})
+                                  {64, 128}, 90, 90, shared_bytes_needed, launch_warp_specialized,
+                                  nullptr, attn::StepKind::step, /*takes_strides=*/true})

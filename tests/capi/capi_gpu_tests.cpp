@@ -119,6 +119,64 @@ TEST_CASE("through the C ABI: tail shapes, every head dim served, against the fp
   }
 }
 
+TEST_CASE("views: Q, K, V cut from one packed projection [B, N, 3, H, D], O written as [B, N, H, D]") {
+  const attn::Stream stream;
+  for (int head_dim : head_dims()) {
+    for (int64_t tokens : {int64_t(65), int64_t(577)}) {
+      const attn::Shape shape{2, 3, tokens, head_dim};
+      CAPTURE(shape.str());
+      if (check_shape(shape).status != ATTN_OK) continue;
+      const attn::HostTensors inputs = attn::make_inputs(shape, 29);
+      const int64_t H = shape.heads, N = shape.tokens, D = shape.head_dim;
+      // Element (b, h, n, d) of the packed tensors, and of [B, H, N, D].
+      auto packed = [&](int64_t b, int64_t h, int64_t n, int64_t which) {
+        return ((b * N + n) * 3 + which) * H * D + h * D;
+      };
+      auto contiguous = [&](int64_t b, int64_t h, int64_t n) { return ((b * H + h) * N + n) * D; };
+      std::vector<__half> host_qkv(std::size_t(3 * shape.elements()));
+      for (int64_t b = 0; b < shape.batch; ++b)
+        for (int64_t h = 0; h < H; ++h)
+          for (int64_t n = 0; n < N; ++n)
+            for (int64_t which = 0; which < 3; ++which) {
+              const std::vector<__half>& from = which == 0 ? inputs.q : which == 1 ? inputs.k : inputs.v;
+              std::memcpy(&host_qkv[std::size_t(packed(b, h, n, which))],
+                          &from[std::size_t(contiguous(b, h, n))], std::size_t(D) * 2);
+            }
+      attn::DeviceBuffer<__half> qkv(host_qkv.size()), o(std::size_t(shape.elements()));
+      CUDA_CHECK(cudaMemcpy(qkv.data(), host_qkv.data(), qkv.bytes(), cudaMemcpyHostToDevice));
+      CUDA_CHECK(cudaMemset(o.data(), 0xFF, o.bytes()));
+      const attn_strides qkv_strides{N * 3 * H * D, D, 3 * H * D}, o_strides{N * H * D, D, H * D};
+      char message[1024] = "";
+      const int status = attn_run_strided(step.id, qkv.data(), qkv.data() + H * D,
+                                          qkv.data() + 2 * H * D, o.data(), shape.batch, H, N, D,
+                                          &qkv_strides, &o_strides, stream.get(), message,
+                                          sizeof message);
+      INFO("attn_run_strided: " << message);
+      CUDA_CHECK(cudaStreamSynchronize(stream.get()));
+      std::vector<__half> host_o(o.size());
+      CUDA_CHECK(cudaMemcpy(host_o.data(), o.data(), o.bytes(), cudaMemcpyDeviceToHost));
+      if (!step.takes_strides) {
+        CHECK(status == ATTN_REFUSED);
+        CHECK(contains(message, "contiguous"));
+        std::size_t untouched = 0;  // refused: nothing ran
+        for (__half value : host_o) untouched += *reinterpret_cast<const uint16_t*>(&value) == 0xFFFF;
+        CHECK(untouched == host_o.size());
+        continue;
+      }
+      REQUIRE(status == ATTN_OK);
+      std::vector<__half> output(host_o.size());  // [B, N, H, D] back to [B, H, N, D]
+      for (int64_t b = 0; b < shape.batch; ++b)
+        for (int64_t h = 0; h < H; ++h)
+          for (int64_t n = 0; n < N; ++n)
+            std::memcpy(&output[std::size_t(contiguous(b, h, n))],
+                        &host_o[std::size_t(((b * N + n) * H + h) * D)], std::size_t(D) * 2);
+      const attn::Reference reference =
+          attn::compute_reference(inputs, attn::slices_to_check(shape, attn::CheckMode::full, 1));
+      require_pass(attn::compare(inputs, reference, output));
+    }
+  }
+}
+
 namespace {
 // A host function that holds its stream until released (or 30 s pass, so a bug cannot hang).
 struct Gate {

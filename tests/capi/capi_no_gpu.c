@@ -83,6 +83,20 @@ int main(void) {
                 ATTN_REFUSED, message, "larger than", "a batch past the int range is refused");
   expect_answer(attn_run("v0", NULL, NULL, NULL, NULL, 1, 1, 64, 48, NULL, message, sizeof message),
                 ATTN_REFUSED, message, "--head-dim 48", "attn_run refuses head dim 48 too");
+  {
+    const attn_strides packed = {197 * 3 * 12 * 64, 64, 3 * 12 * 64};
+    expect_answer(attn_run_strided("v0", NULL, NULL, NULL, NULL, 2, 12, 197, 64, &packed, NULL,
+                                   NULL, message, sizeof message),
+                  ATTN_REFUSED, message, "contiguous", "a step that reads contiguous tensors only refuses views");
+    for (i = 0; i < count; ++i) {
+      if (attn_step_get(i, &info) != ATTN_OK || !info.takes_strides) continue;
+      const attn_strides odd = {197 * 3 * 12 * 64, 64, 3 * 12 * 64 + 4};
+      expect_answer(attn_run_strided(info.id, NULL, NULL, NULL, NULL, 2, 12, 197, 64, &odd, NULL,
+                                     NULL, message, sizeof message),
+                    ATTN_REFUSED, message, "multiple of 8", "a stride that breaks 16-byte alignment is refused");
+      break;
+    }
+  }
 
   {
     size_t bytes = 1;
