@@ -124,15 +124,14 @@ def parse_args(argv):
             raise UsageError(f"--{flag.replace('_', '-')}: '{text}' is not a "
                              + ("non-negative" if flag in ("device", "seed") else "positive") + " integer")
         setattr(args, flag, int(text))
-    if args.steps == "all":
-        args.steps = list(IMPLEMENTATIONS)
-    else:
-        args.steps = args.steps.split(",")
-        unknown = [step for step in args.steps
-                   if step not in IMPLEMENTATIONS and not re.fullmatch(r"v[0-9]+", step)]
-        if unknown:
-            raise UsageError(f"--steps: no implementation '{unknown[0]}' (ids: "
-                             f"{','.join(IMPLEMENTATIONS)}, or a step id such as v8)")
+    # "all" stands for the PyTorch implementations, alone or in a list (all,v6,v7,v8).
+    args.steps = [step for name in args.steps.split(",")
+                  for step in (IMPLEMENTATIONS if name == "all" else [name])]
+    unknown = [step for step in args.steps
+               if step not in IMPLEMENTATIONS and not re.fullmatch(r"v[0-9]+", step)]
+    if unknown:
+        raise UsageError(f"--steps: no implementation '{unknown[0]}' (ids: "
+                         f"{','.join(IMPLEMENTATIONS)}, or a step id such as v8)")
     return args
 
 

@@ -9,7 +9,7 @@
 # Stages, in this order (STAGES picks a subset, comma or space separated):
 #   info       GPU, driver, toolkit, torch, the build and the date      -> info.txt
 #   tests      ctest -L gpu (JUnit too)                                  -> tests.log, tests_junit.xml
-#   sanitizer  memcheck + racecheck on every stepN at a tail shape       -> sanitizer.log, sanitizer/
+#   sanitizer  memcheck + racecheck on every stepN at tail shapes (D = 64, 80, 128)      -> sanitizer.log, sanitizer/
 #   bench      N = 197,577,1025 (all steps, baselines), then N = 2049..16385 for the steps
 #              with no N limit (v0 excluded)                             -> bench_vit.csv, bench_long.csv
 #   profile    ncu on each step at N = 577 (scripts/ncu_profile.py)          -> profile.csv, profile/
@@ -304,7 +304,10 @@ stage_sanitizer() {
     head_dims=$(bench_list 2>/dev/null | awk -F'\t' '{print $1 "\t" $3}') || head_dims=""
   fi
 
-  local binary id serves_80 tool count=0
+  # Besides N = 65 at D = 64, a tail at each other head dim a step may serve: N = 17 at D = 80,
+  # N = 130 at D = 128 (the Hopper steps' second tile shape).
+  local extra_shapes=("80 17" "128 130")
+  local binary id tool count=0 head_dim tokens shape serves
   while read -r binary; do
     count=$((count + 1))
     # The kernel filter matches nothing if no kernel name holds "attention": then the sanitizer
@@ -315,22 +318,26 @@ stage_sanitizer() {
       continue
     fi
     id=v${binary##*/step}
-    serves_80=yes  # unknown: try it, a refusal (exit 2) is n/a
-    if [ -n "$head_dims" ]; then
-      serves_80=no
-      awk -F'\t' -v id="$id" '$1 == id && ("," $2 ",") ~ /,80,/ { found = 1 } END { exit !found }' \
-        <<< "$head_dims" && serves_80=yes
-    fi
     for tool in memcheck racecheck; do
       while [ "$(jobs -rp | wc -l)" -ge "$SANITIZER_JOBS" ]; do wait -n || true; done
       sanitize_one "$sanitizer" "$binary" "$tool" "N65_B2_H3_D64" "$results" --tokens 65 &
-      if [ "$serves_80" = yes ]; then
-        while [ "$(jobs -rp | wc -l)" -ge "$SANITIZER_JOBS" ]; do wait -n || true; done
-        sanitize_one "$sanitizer" "$binary" "$tool" "N17_B2_H3_D80" "$results" --tokens 17 --head-dim 80 &
-      else
-        printf '%-8s %-10s %-22s %s\n' "$(basename "$binary")" "$tool" "N17_B2_H3_D80" \
-          "n/a ($id does not serve head dim 80 per bench --list)" >> "$results"
-      fi
+      for shape in "${extra_shapes[@]}"; do
+        read -r head_dim tokens <<< "$shape"
+        serves=yes  # unknown: try it, a refusal (exit 2) is n/a
+        if [ -n "$head_dims" ]; then
+          serves=no
+          awk -F'\t' -v id="$id" -v d="$head_dim" '$1 == id && ("," $2 ",") ~ ("," d ",") { found = 1 } END { exit !found }' \
+            <<< "$head_dims" && serves=yes
+        fi
+        if [ "$serves" = yes ]; then
+          while [ "$(jobs -rp | wc -l)" -ge "$SANITIZER_JOBS" ]; do wait -n || true; done
+          sanitize_one "$sanitizer" "$binary" "$tool" "N${tokens}_B2_H3_D${head_dim}" "$results" \
+            --tokens "$tokens" --head-dim "$head_dim" &
+        else
+          printf '%-8s %-10s %-22s %s\n' "$(basename "$binary")" "$tool" "N${tokens}_B2_H3_D${head_dim}" \
+            "n/a ($id does not serve head dim $head_dim per bench --list)" >> "$results"
+        fi
+      done
     done
   done < <(step_binaries)
   wait
