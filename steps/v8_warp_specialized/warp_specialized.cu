@@ -438,12 +438,15 @@ void launch_for(const attn::AttentionArgs& args) {
   CUDA_CHECK_LAUNCH();
 }
 
-// Calls body(Tiles<...>) with the tile shape of this head dim (chapter 10 records the sweep).
+// Calls body(Tiles<...>) with the tile shape of this head dim, chosen by measurement (chapter 10,
+// docs/results/h100/tuning/): at D = 64, 208-key tiles (197, 577 and 1025 keys fill 95-99% of
+// them), two stages, two Q buffers; at D = 128, 160-key tiles with one Q buffer (two would not
+// fit next to them in 227 KB), which beat 128-key tiles with two Q buffers by 10%.
 template <typename Body>
 void with_tile_shape(int64_t head_dim, Body&& body) {
   switch (head_dim) {
     case 64: return body(Tiles<64, 208, 2, 2>{});
-    case 128: return body(Tiles<128, 128, 2, 2>{});
+    case 128: return body(Tiles<128, 160, 2, 1>{});
   }
 }
 
