@@ -46,6 +46,19 @@ __device__ __forceinline__ uint32_t swizzled_offset(int row, int column, int row
   return uint32_t(block * rows * 128 + row * 128 + ((chunk ^ (row % 8)) * 16) + (column % 8) * 2);
 }
 
+// ---- Step 6's two helpers: fp16 pairs for the A operand, and 2^x in one instruction ---------
+
+__device__ __forceinline__ uint32_t pack_half2(float low, float high) {
+  const __half2 pair = __floats2half2_rn(low, high);
+  return *reinterpret_cast<const uint32_t*>(&pair);
+}
+
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
 // ---- Tensor maps (host) ------------------------------------------------------------------------
 
 // The driver's cuTensorMapEncodeTiled, reached through the runtime so nothing links libcuda.

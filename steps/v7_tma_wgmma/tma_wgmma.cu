@@ -27,17 +27,6 @@
 
 namespace {
 
-__device__ __forceinline__ uint32_t pack_half2(float low, float high) {
-  const __half2 pair = __floats2half2_rn(low, high);
-  return *reinterpret_cast<const uint32_t*>(&pair);
-}
-
-__device__ __forceinline__ float fast_exp2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-}
-
 // ---- Tile geometry and shared memory --------------------------------------------------------
 
 template <int kHeadDim>
@@ -175,7 +164,7 @@ __global__ void __launch_bounds__(Tiles<kHeadDim>::kThreads, 1)
       tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));  // across the quad
       tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
       const float max_scaled = tile_max * scale_log2;
-      const float correction = fast_exp2(row_max[half] * scale_log2 - max_scaled);  // 0 at first
+      const float correction = hopper::fast_exp2(row_max[half] * scale_log2 - max_scaled);  // 0 at first
       row_max[half] = tile_max;
       row_sum[half] *= correction;
       for (int d = 0; d < kHeadDim / 8; ++d) {
@@ -184,7 +173,7 @@ __global__ void __launch_bounds__(Tiles<kHeadDim>::kThreads, 1)
       }
       for (int i = 0; i < T::kBlockN / 8; ++i) {
         for (int e = 2 * half; e < 2 * half + 2; ++e) {
-          s_acc[4 * i + e] = fast_exp2(fmaf(s_acc[4 * i + e], scale_log2, -max_scaled));
+          s_acc[4 * i + e] = hopper::fast_exp2(fmaf(s_acc[4 * i + e], scale_log2, -max_scaled));
           row_sum[half] += s_acc[4 * i + e];
         }
       }
@@ -194,10 +183,10 @@ __global__ void __launch_bounds__(Tiles<kHeadDim>::kThreads, 1)
     // the A operand of one 16-key step: wgmma takes P from registers.
     uint32_t p_fragments[T::kKeySteps][4];
     for (int step = 0; step < T::kKeySteps; ++step) {
-      p_fragments[step][0] = pack_half2(s_acc[8 * step + 0], s_acc[8 * step + 1]);
-      p_fragments[step][1] = pack_half2(s_acc[8 * step + 2], s_acc[8 * step + 3]);
-      p_fragments[step][2] = pack_half2(s_acc[8 * step + 4], s_acc[8 * step + 5]);
-      p_fragments[step][3] = pack_half2(s_acc[8 * step + 6], s_acc[8 * step + 7]);
+      p_fragments[step][0] = hopper::pack_half2(s_acc[8 * step + 0], s_acc[8 * step + 1]);
+      p_fragments[step][1] = hopper::pack_half2(s_acc[8 * step + 2], s_acc[8 * step + 3]);
+      p_fragments[step][2] = hopper::pack_half2(s_acc[8 * step + 4], s_acc[8 * step + 5]);
+      p_fragments[step][3] = hopper::pack_half2(s_acc[8 * step + 6], s_acc[8 * step + 7]);
       hopper::fence_registers(p_fragments[step]);
     }
     hopper::fence_registers(o_acc);

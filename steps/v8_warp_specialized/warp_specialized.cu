@@ -33,17 +33,6 @@
 
 namespace {
 
-__device__ __forceinline__ uint32_t pack_half2(float low, float high) {
-  const __half2 pair = __floats2half2_rn(low, high);
-  return *reinterpret_cast<const uint32_t*>(&pair);
-}
-
-__device__ __forceinline__ float fast_exp2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-}
-
 // ---- Tile geometry and shared memory --------------------------------------------------------
 
 template <int kHeadDim_, int kBlockN_, int kStages_, int kQBuffers_>
@@ -298,12 +287,12 @@ __global__ void __launch_bounds__(T::kThreads, 1)
         tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
         tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
         const float max_scaled = tile_max * scale_log2;
-        correction[half] = fast_exp2(row_max[half] * scale_log2 - max_scaled);  // 0 at first
+        correction[half] = hopper::fast_exp2(row_max[half] * scale_log2 - max_scaled);  // 0 at first
         row_max[half] = tile_max;
         float sums[kChains] = {};
         for (int i = 0; i < kBlockN / 8; ++i) {
           for (int e = 2 * half; e < 2 * half + 2; ++e) {
-            s_acc[4 * i + e] = fast_exp2(fmaf(s_acc[4 * i + e], scale_log2, -max_scaled));
+            s_acc[4 * i + e] = hopper::fast_exp2(fmaf(s_acc[4 * i + e], scale_log2, -max_scaled));
             sums[i % kChains] += s_acc[4 * i + e];
           }
         }
@@ -313,10 +302,10 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     // P in fp16, laid out as wgmma's A operand (two 8-key accumulator blocks per 16-key step).
     auto pack_probabilities = [&]() {
       for (int step = 0; step < T::kKeySteps; ++step) {
-        p_fragments[step][0] = pack_half2(s_acc[8 * step + 0], s_acc[8 * step + 1]);
-        p_fragments[step][1] = pack_half2(s_acc[8 * step + 2], s_acc[8 * step + 3]);
-        p_fragments[step][2] = pack_half2(s_acc[8 * step + 4], s_acc[8 * step + 5]);
-        p_fragments[step][3] = pack_half2(s_acc[8 * step + 6], s_acc[8 * step + 7]);
+        p_fragments[step][0] = hopper::pack_half2(s_acc[8 * step + 0], s_acc[8 * step + 1]);
+        p_fragments[step][1] = hopper::pack_half2(s_acc[8 * step + 2], s_acc[8 * step + 3]);
+        p_fragments[step][2] = hopper::pack_half2(s_acc[8 * step + 4], s_acc[8 * step + 5]);
+        p_fragments[step][3] = hopper::pack_half2(s_acc[8 * step + 6], s_acc[8 * step + 7]);
       }
     };
 
