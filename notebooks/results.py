@@ -4,8 +4,15 @@ how a figure names its GPU and date.
 The CSVs come from one run of scripts/gpu-check.sh, copied to docs/results/<gpu>/:
   bench_vit.csv   the steps and the cuBLAS eager baseline at N = 197, 577, 1025 (bench)
   bench_long.csv  the steps with no N limit at N = 2049 ... 16385 (bench)
-  pytorch.csv     PyTorch eager and the SDPA backends (scripts/compare_pytorch.py)
+  pytorch.csv     PyTorch eager and the SDPA backends, and beside them steps (v6, v7, v8) timed
+                  through the library in the same process (scripts/compare_pytorch.py), at the
+                  ViT shapes and at longer ones of another B, H or D; the bench's columns, then
+                  the timing windows (WINDOW_COLUMNS)
   profile.csv     ncu per step at N = 577 (scripts/ncu_profile.py)
+  vit_end_to_end.csv, vit_end_to_end_kernels.csv
+                  the steps inside torchvision's ViTs (scripts/vit_end_to_end.py)
+The plots of one configuration (the ViT one, VIT_SHAPE) take the steps' times from the bench
+files and PyTorch's from pytorch.csv (pytorch_only, at_vit_shape), so no step is drawn twice.
 RESULTS_GPU picks the folder (default h100). A missing file is a note, not an error: the
 notebook skips what needs it. A file that is there but malformed is an error.
 """
@@ -21,9 +28,19 @@ BENCH_COLUMNS = (
     "tflops,gbps,fraction_tensor_peak,fraction_bandwidth,tensor_peak_tflops,copy_gbps,"
     "status,relative_error,max_abs_error,checked_slices,gpu,date"
 ).split(",")
+# scripts/compare_pytorch.py appends these after the bench's columns: how many interleaved timing
+# windows, and the smallest and largest window median (the row's median is the median of them).
+WINDOW_COLUMNS = ["windows", "window_median_min_us", "window_median_max_us"]
+# The ViT configuration of DESIGN.md (ViT-B/16's attention at batch 32): the plots' shapes.
+VIT_SHAPE = {"batch": 32, "heads": 12, "head_dim": 64}
 # The columns of scripts/ncu_profile.py the notebooks read.
 PROFILE_COLUMNS = ["step", "batch", "heads", "tokens", "head_dim", "duration_us", "dram_bytes",
                    "min_bytes", "status", "gpu", "date"]
+# The columns of scripts/vit_end_to_end.py the notebooks read (rows, then kernel categories).
+VIT_COLUMNS = ["gpu", "date", "model", "image_size", "tokens", "batch", "implementation", "status",
+               "images_per_s", "median_ms", "speedup_vs_stock", "attention_share", "attention_ms"]
+VIT_KERNEL_COLUMNS = ["gpu", "date", "model", "image_size", "implementation", "category", "gpu_ms",
+                      "share"]
 
 LABELS = {
     "eager": "cuBLAS eager (GEMM, softmax, GEMM)",
@@ -72,8 +89,29 @@ def load_bench(name):
     return frame
 
 
+def load_pytorch():
+    """pytorch.csv (the bench schema, then WINDOW_COLUMNS), or None."""
+    frame = load_bench("pytorch.csv")
+    if frame is not None:
+        columns = [column for column in frame.columns if column != "source"]  # _read adds it
+        after = columns[len(BENCH_COLUMNS): len(BENCH_COLUMNS) + len(WINDOW_COLUMNS)]
+        if after != WINDOW_COLUMNS:
+            raise ValueError(f"{RESULTS / 'pytorch.csv'}: after the bench's columns expected "
+                             f"{WINDOW_COLUMNS}, found {after}; is it compare_pytorch.py's?")
+    return frame
+
+
 def load_profile():
     return _read("profile.csv", PROFILE_COLUMNS)
+
+
+def load_vit(name="vit_end_to_end.csv"):
+    """scripts/vit_end_to_end.py's rows (or, with its name, a repeat's file), or None."""
+    return _read(name, VIT_COLUMNS)
+
+
+def load_vit_kernels(name="vit_end_to_end_kernels.csv"):
+    return _read(name, VIT_KERNEL_COLUMNS)
 
 
 def timed(frame):
@@ -90,6 +128,32 @@ def timed(frame):
 
 def is_step(step):
     return re.fullmatch(r"v\d+", str(step)) is not None
+
+
+def pytorch_only(frame):
+    """PyTorch's rows of pytorch.csv (eager and the SDPA backends). Its step rows (v6, v7, v8
+    timed through the library beside SDPA, for the chapters' same-process tables) are left out:
+    the plots take every step's time from the bench files, one series per step."""
+    if frame is None:
+        return None
+    return frame[~frame["step"].map(is_step)].copy()
+
+
+def shape_name(row):
+    return f"({row['batch']}, {row['heads']}, {row['tokens']}, {row['head_dim']})"
+
+
+def at_vit_shape(frame):
+    """The rows of the ViT configuration (VIT_SHAPE, any N); says which shapes it leaves out."""
+    if frame is None:
+        return None
+    keep = (frame[list(VIT_SHAPE)] == pd.Series(VIT_SHAPE)).all(axis=1)
+    if (~keep).any():
+        for source, rows in frame[~keep].groupby("source", sort=False):
+            shapes = ", ".join(dict.fromkeys(rows.apply(shape_name, axis=1)))
+            print(f"note: {source}: {len(rows)} rows at (B, H, N, D) = {shapes} left out "
+                  f"(not B={VIT_SHAPE['batch']}, H={VIT_SHAPE['heads']}, D={VIT_SHAPE['head_dim']})")
+    return frame[keep].copy()
 
 
 def order(steps):
