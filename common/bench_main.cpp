@@ -204,6 +204,7 @@ int run(const BenchOptions& options) {
   csv << csv_header() << "\n";
 
   bool any_failed = false;
+  const int max_persistent_blocks = persistent_blocks_testing_aid();
   for (int64_t head_dim : options.head_dims) {
     for (int64_t tokens : options.tokens) {
       Shape shape{options.batch, options.heads, tokens, head_dim};
@@ -227,6 +228,7 @@ int run(const BenchOptions& options) {
             RunConfig config;
             config.warmup = options.warmup;
             config.iters = options.iters;
+            config.max_persistent_blocks = max_persistent_blocks;
             const RunResult result = run_step(
                 step, inputs, options.check == CheckMode::none ? nullptr : &reference, config);
             record.timing = result.timing;

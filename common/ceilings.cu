@@ -127,6 +127,18 @@ DeviceLimits with_testing_aids(DeviceLimits limits) {
   return limits;
 }
 
+int persistent_blocks_testing_aid() {
+  const char* text = std::getenv("ATTN_TEST_PERSISTENT_BLOCKS");
+  if (text == nullptr || *text == '\0') return 0;
+  char* end = nullptr;
+  const long long value = std::strtoll(text, &end, 10);
+  if (*end != '\0' || value < 1 || value > INT32_MAX) {
+    throw CudaError(std::string("ATTN_TEST_PERSISTENT_BLOCKS='") + text +
+                    "' is not a positive integer");
+  }
+  return int(value);
+}
+
 Ceilings measure_ceilings() {
   const Stream owned_stream;
   const cudaStream_t stream = owned_stream.get();

@@ -35,6 +35,11 @@ GpuInfo describe_device(int device);
 // The testing aids above, applied to any limits (bench --list applies them to the H100 it
 // assumes when there is no GPU). Throws CudaError when a variable is not a non-negative integer.
 DeviceLimits with_testing_aids(DeviceLimits limits);
+// The testing aid ATTN_TEST_PERSISTENT_BLOCKS (e.g. 4): at most that many blocks for a step
+// with persistent blocks (AttentionArgs::max_persistent_blocks), so that each block walks several
+// work tiles whatever the GPU's SM count; 0 when unset. Throws CudaError unless it is a positive
+// integer.
+int persistent_blocks_testing_aid();
 // What bench --list assumes when there is no GPU: an H100's limits.
 inline DeviceLimits h100_limits() { return {"NVIDIA H100", 90, 232448}; }
 Ceilings measure_ceilings();

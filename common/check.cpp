@@ -22,8 +22,59 @@ std::vector<int64_t> slices_to_check(const Shape& shape, CheckMode mode, uint64_
   return {chosen.begin(), chosen.end()};
 }
 
+namespace {
+
+std::string location(const Shape& shape, int64_t index) {
+  const int64_t slice_size = shape.tokens * shape.head_dim;
+  const int64_t within = index % slice_size;
+  return "slice " + std::to_string(index / slice_size) + ", row " +
+         std::to_string(within / shape.head_dim) + ", column " +
+         std::to_string(within % shape.head_dim);
+}
+
+// Every element against the GPU reference, with the tolerances of the fp64 part.
+void compare_all_slices(const HostTensors& inputs, const std::vector<__half>& output,
+                        const std::vector<float>& all_slices, CheckResult& result) {
+  double error_sq = 0, reference_sq = 0, max_abs_v = 0;
+  int64_t nonfinite = 0, worst_index = -1, first_nonfinite = -1;
+  for (std::size_t i = 0; i < output.size(); ++i) {
+    max_abs_v = std::max(max_abs_v, std::fabs(double(__half2float(inputs.v[i]))));
+    const double value = double(__half2float(output[i]));
+    if (!std::isfinite(value)) {
+      if (nonfinite++ == 0) first_nonfinite = int64_t(i);
+      continue;
+    }
+    const double want = double(all_slices[i]);
+    const double error = std::fabs(value - want);
+    error_sq += error * error;
+    reference_sq += want * want;
+    if (error > result.all_max_abs_error) {
+      result.all_max_abs_error = error;
+      worst_index = int64_t(i);
+    }
+  }
+  result.all_checked_slices = inputs.shape.slices();
+  result.all_relative_error = reference_sq > 0 ? std::sqrt(error_sq / reference_sq) : std::sqrt(error_sq);
+  result.all_abs_tolerance = kAbsoluteFactor * max_abs_v;
+  const bool passed = nonfinite == 0 && result.all_relative_error <= kRelativeTolerance &&
+                      result.all_max_abs_error <= result.all_abs_tolerance;
+  result.nonfinite = std::max(result.nonfinite, nonfinite);
+  if (!passed && result.passed) {  // the fp64 part passed: say where this part failed
+    result.worst = nonfinite > 0
+                       ? "first non-finite output at " + location(inputs.shape, first_nonfinite)
+                       : "largest error against the GPU reference at " +
+                             location(inputs.shape, worst_index) + ": got " +
+                             std::to_string(__half2float(output[worst_index])) + ", want " +
+                             std::to_string(all_slices[worst_index]) + " (relative error " +
+                             std::to_string(result.all_relative_error) + " over all slices)";
+  }
+  result.passed = result.passed && passed;
+}
+
+}  // namespace
+
 CheckResult compare(const HostTensors& inputs, const Reference& reference,
-                    const std::vector<__half>& output) {
+                    const std::vector<__half>& output, const std::vector<float>& all_slices) {
   const Shape& shape = inputs.shape;
   const int64_t slice_size = shape.tokens * shape.head_dim;
   CheckResult result;
@@ -66,6 +117,7 @@ CheckResult compare(const HostTensors& inputs, const Reference& reference,
   result.abs_tolerance = kAbsoluteFactor * max_abs_v;
   result.passed = result.nonfinite == 0 && result.relative_error <= result.relative_tolerance &&
                   result.max_abs_error <= result.abs_tolerance;
+  if (!all_slices.empty()) compare_all_slices(inputs, output, all_slices, result);
   return result;
 }
 

@@ -11,6 +11,11 @@
 // The errors are independent across j, so the relative Frobenius error of a correct kernel
 // is ~u/2 (measured: 1e-4 to 3e-4); we allow 4u. Both bounds are the same for every step.
 // A planted error of one element, a skipped row, a NaN, or a wrong scale (tests/) fail them.
+//
+// Every element of every slice is checked: the fp64 CPU reference covers the sampled slices
+// (or all, with --check full), and the GPU reference (gpu_reference.hpp: fp64 arithmetic on the
+// GPU, rounded to fp32, ~1e-7 relative, so it adds nothing that matters to the bound above)
+// covers all of them with the same two tolerances. A step passes only when both parts pass.
 #pragma once
 
 #include <cuda_fp16.h>
@@ -37,8 +42,14 @@ struct CheckResult {
   double relative_tolerance = kRelativeTolerance;
   double abs_tolerance = 0;
   int64_t nonfinite = 0;       // NaN or Inf outputs from finite inputs: always a failure
-  int64_t checked_slices = 0;
+  int64_t checked_slices = 0;  // against the fp64 CPU reference
   int64_t total_slices = 0;
+  // Every slice against the GPU reference (0 slices when it was not run).
+  int64_t all_checked_slices = 0;
+  double all_relative_error = 0;
+  double all_max_abs_error = 0;
+  double all_abs_tolerance = 0;
+  std::string pipeline_violation;  // a Hopper step's checked build: the first rule it broke
   std::string worst;  // where the largest error is, for the failure message
 };
 
@@ -46,7 +57,8 @@ struct CheckResult {
 // more drawn from the seed (fewer when there are fewer slices).
 std::vector<int64_t> slices_to_check(const Shape& shape, CheckMode mode, uint64_t seed);
 
+// `all_slices`: the GPU reference's O for every slice ([B, H, N, D] fp32), or empty.
 CheckResult compare(const HostTensors& inputs, const Reference& reference,
-                    const std::vector<__half>& output);
+                    const std::vector<__half>& output, const std::vector<float>& all_slices = {});
 
 }  // namespace attn

@@ -17,10 +17,11 @@ double unit_open(uint64_t bits) {  // uniform in (0, 1), never 0 so log() is fin
   return (double(bits >> 11) + 0.5) * 0x1.0p-53;
 }
 
-void fill(std::vector<__half>& tensor, uint64_t seed, uint64_t stream, double scale) {
+void fill(std::vector<__half>& tensor, uint64_t seed, uint64_t stream, double scale,
+          double mean = 0.0) {
   parallel_for(int64_t(tensor.size()), [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
-      tensor[i] = __float2half(float(scale * normal_sample(seed, stream, uint64_t(i))));
+      tensor[i] = __float2half(float(mean + scale * normal_sample(seed, stream, uint64_t(i))));
     }
   });
 }
@@ -44,6 +45,19 @@ HostTensors make_inputs(const Shape& shape, uint64_t seed, double qk_scale) {
   fill(inputs.q, seed, 1, qk_scale);
   fill(inputs.k, seed, 2, qk_scale);
   fill(inputs.v, seed, 3, 1.0);
+  return inputs;
+}
+
+HostTensors make_key_mask_probe_inputs(const Shape& shape, uint64_t seed) {
+  HostTensors inputs;
+  inputs.shape = shape;
+  const auto count = std::size_t(shape.elements());
+  inputs.q.resize(count);
+  inputs.k.resize(count);
+  inputs.v.resize(count);
+  fill(inputs.q, seed, 1, 0.5, 2.0);
+  fill(inputs.k, seed, 2, 0.5, -2.0);
+  fill(inputs.v, seed, 3, 0.5, 1.0);
   return inputs;
 }
 

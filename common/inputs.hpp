@@ -23,6 +23,14 @@ struct HostTensors {
 constexpr double kStressScale = 16.0;
 HostTensors make_inputs(const Shape& shape, uint64_t seed, double qk_scale = 1.0);
 
+// Inputs that expose a kernel that gives weight to a key past N (a mask off by one). Every real
+// score is strongly negative: each component of Q is about +2 and of K about -2 (normal, standard
+// deviation 0.5), so q.k / sqrt(D) is about -4 sqrt(D) (-32 at D = 64). A key past N scores 0
+// (a zero row: TMA's fill, or zeros a kernel loads), so one such key outweighs the whole row by
+// e^32, and V, of mean 1 here, is replaced by that key's row in O. A correct kernel's O is about
+// 1; a leaking one's is far from it, whatever the tolerance.
+HostTensors make_key_mask_probe_inputs(const Shape& shape, uint64_t seed);
+
 // The same generator, for tests that need one value.
 float normal_sample(uint64_t seed, uint64_t stream, uint64_t index);
 

@@ -105,6 +105,13 @@ void print_text(std::ostream& out, const Record& r) {
       << " (b, h) slices";
   if (c.nonfinite > 0) out << ", " << c.nonfinite << " non-finite outputs";
   out << "\n";
+  if (c.all_checked_slices > 0) {
+    out << "         every element of all " << c.all_checked_slices
+        << " slices against the GPU reference: relative error "
+        << format("%.2e", c.all_relative_error) << ", max abs error "
+        << format("%.2e", c.all_max_abs_error) << " (tolerance "
+        << format("%.2e", c.all_abs_tolerance) << ")\n";
+  }
   if (!c.passed) out << "         " << c.worst << "\n";
 }
 

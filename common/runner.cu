@@ -3,6 +3,7 @@
 
 #include "cuda_check.hpp"
 #include "device_buffer.hpp"
+#include "gpu_reference.hpp"
 #include "runner.hpp"
 
 namespace attn {
@@ -26,7 +27,7 @@ struct DeviceSet {
 };
 
 AttentionArgs args_for(const DeviceSet& set, const Shape& shape, void* workspace,
-                       cudaStream_t stream) {
+                       cudaStream_t stream, int max_persistent_blocks) {
   AttentionArgs args;
   args.q = set.q.data();
   args.k = set.k.data();
@@ -38,6 +39,7 @@ AttentionArgs args_for(const DeviceSet& set, const Shape& shape, void* workspace
   args.head_dim = int(shape.head_dim);
   args.workspace = workspace;
   args.stream = stream;
+  args.max_persistent_blocks = max_persistent_blocks;
   return args;
 }
 
@@ -50,8 +52,8 @@ std::size_t usable_device_bytes() {
 
 }  // namespace
 
-void ensure_fits(const StepInfo& step, const Shape& shape) {
-  const std::size_t needed = device_bytes_needed(step, shape, 1);
+void ensure_fits(const StepInfo& step, const Shape& shape, bool check_all_slices) {
+  const std::size_t needed = device_bytes_needed(step, shape, 1, check_all_slices);
   const std::size_t usable = usable_device_bytes();
   if (needed > usable) {
     throw CudaError("shape " + shape.str() + " needs " + gibibytes(double(needed)) +
@@ -60,9 +62,23 @@ void ensure_fits(const StepInfo& step, const Shape& shape) {
   }
 }
 
-std::size_t device_bytes_needed(const StepInfo& step, const Shape& shape, int buffer_sets) {
+std::size_t device_bytes_needed(const StepInfo& step, const Shape& shape, int buffer_sets,
+                                bool check_all_slices) {
   return std::size_t(buffer_sets) * 4 * std::size_t(shape.elements()) * sizeof(__half) +
-         step.workspace_for(shape);
+         step.workspace_for(shape) +
+         (check_all_slices ? std::size_t(shape.elements()) * sizeof(float) : 0);
+}
+
+// A step built with the checked pipeline: its first broken rule since the last call fails the
+// check, with the rule's line as the reason.
+static void take_pipeline_violation(const StepInfo& step, CheckResult& check) {
+  if (step.pipeline_report == nullptr) return;
+  if (const std::optional<std::string> violation = step.pipeline_report()) {
+    check.checked = true;
+    check.passed = false;
+    if (check.pipeline_violation.empty()) check.pipeline_violation = *violation;
+    check.worst = check.pipeline_violation;
+  }
 }
 
 RunResult run_step(const StepInfo& step, const HostTensors& inputs, const Reference* reference,
@@ -76,11 +92,12 @@ RunResult run_step(const StepInfo& step, const HostTensors& inputs, const Refere
   CUDA_CHECK(cudaGetDevice(&device));
   CUDA_CHECK(cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, device));
   const std::size_t usable = usable_device_bytes();
-  ensure_fits(step, shape);
+  const bool check_all_slices = reference != nullptr && config.check_all_slices;
+  ensure_fits(step, shape, check_all_slices);
   int sets = config.time ? int(std::clamp<std::size_t>((2 * std::size_t(l2_bytes)) / set_bytes + 1,
                                                        1, kMaxBufferSets))
                          : 1;
-  while (sets > 1 && device_bytes_needed(step, shape, sets) > usable) --sets;
+  while (sets > 1 && device_bytes_needed(step, shape, sets, check_all_slices) > usable) --sets;
 
   const Stream owned_stream;
   const cudaStream_t stream = owned_stream.get();
@@ -89,35 +106,51 @@ RunResult run_step(const StepInfo& step, const HostTensors& inputs, const Refere
   device_sets.reserve(sets);
   for (int s = 0; s < sets; ++s) device_sets.emplace_back(count);
   DeviceBuffer<char> workspace(step.workspace_for(shape));
-  CUDA_CHECK(cudaMemcpy(device_sets[0].q.data(), inputs.q.data(), count * 2, cudaMemcpyHostToDevice));
-  CUDA_CHECK(cudaMemcpy(device_sets[0].k.data(), inputs.k.data(), count * 2, cudaMemcpyHostToDevice));
-  CUDA_CHECK(cudaMemcpy(device_sets[0].v.data(), inputs.v.data(), count * 2, cudaMemcpyHostToDevice));
+  CUDA_CHECK(cudaMemcpy(device_sets[0].q.data(), inputs.q.data(), count * sizeof(__half), cudaMemcpyHostToDevice));
+  CUDA_CHECK(cudaMemcpy(device_sets[0].k.data(), inputs.k.data(), count * sizeof(__half), cudaMemcpyHostToDevice));
+  CUDA_CHECK(cudaMemcpy(device_sets[0].v.data(), inputs.v.data(), count * sizeof(__half), cudaMemcpyHostToDevice));
   for (int s = 1; s < sets; ++s) {
     for (auto member : {&DeviceSet::q, &DeviceSet::k, &DeviceSet::v}) {
       CUDA_CHECK(cudaMemcpy((device_sets[s].*member).data(), (device_sets[0].*member).data(),
-                            count * 2, cudaMemcpyDeviceToDevice));
+                            count * sizeof(__half), cudaMemcpyDeviceToDevice));
     }
   }
 
   // The checked run, on an output of NaNs (0xFFFF is a NaN in fp16).
   RunResult result;
-  CUDA_CHECK(cudaMemsetAsync(device_sets[0].o.data(), 0xFF, count * 2, stream));
-  step.launch(args_for(device_sets[0], shape, workspace.data(), stream));
+  if (step.pipeline_report != nullptr) step.pipeline_report();  // clear what an earlier run left
+  CUDA_CHECK(cudaMemsetAsync(device_sets[0].o.data(), 0xFF, count * sizeof(__half), stream));
+  step.launch(args_for(device_sets[0], shape, workspace.data(), stream, config.max_persistent_blocks));
   CUDA_CHECK_LAUNCH();
   synchronize_within(stream, kCheckedRunLimitSeconds);
   result.output.resize(count);
-  CUDA_CHECK(cudaMemcpy(result.output.data(), device_sets[0].o.data(), count * 2,
+  CUDA_CHECK(cudaMemcpy(result.output.data(), device_sets[0].o.data(), count * sizeof(__half),
                         cudaMemcpyDeviceToHost));
-  if (reference != nullptr) result.check = compare(inputs, *reference, result.output);
+  if (reference != nullptr) {
+    std::vector<float> all_slices;
+    if (check_all_slices) {
+      DeviceBuffer<float> gpu_reference(count);
+      launch_gpu_reference(device_sets[0].q.data(), device_sets[0].k.data(),
+                           device_sets[0].v.data(), gpu_reference.data(), shape, stream);
+      synchronize_within(stream, kCheckedRunLimitSeconds);
+      all_slices.resize(count);
+      CUDA_CHECK(cudaMemcpy(all_slices.data(), gpu_reference.data(), count * sizeof(float),
+                            cudaMemcpyDeviceToHost));
+    }
+    result.check = compare(inputs, *reference, result.output, all_slices);
+  }
+  take_pipeline_violation(step, result.check);
 
   if (config.time) {
     result.timing = time_launches(
         [&](int run) {
-          step.launch(args_for(device_sets[run % sets], shape, workspace.data(), stream));
+          step.launch(args_for(device_sets[run % sets], shape, workspace.data(), stream,
+                               config.max_persistent_blocks));
           CUDA_CHECK_LAUNCH();
         },
         stream, config.warmup, config.iters);
     result.timing.buffer_sets = sets;
+    take_pipeline_violation(step, result.check);
   }
   return result;
 }

@@ -1,7 +1,8 @@
 // Runs one step on one set of inputs: upload, checked run, warm-up, timed runs.
 //
 // The checked run comes first, on an output poisoned with NaN, so an element the step never
-// writes fails the check. Timed runs rotate over several copies of the inputs and output when
+// writes fails the check; the GPU reference then checks every slice, and a Hopper step built
+// with the checked pipeline reports the first protocol rule it broke (a failed check too). Timed runs rotate over several copies of the inputs and output when
 // one copy fits in L2: otherwise a small shape would be timed from cache, not from memory.
 #pragma once
 
@@ -22,6 +23,9 @@ struct RunConfig {
   int warmup = 10;
   int iters = 0;  // 0: automatic (timing.hpp)
   bool time = true;
+  // With a reference: also check every element of every slice against the GPU reference.
+  bool check_all_slices = true;
+  int max_persistent_blocks = 0;  // AttentionArgs::max_persistent_blocks (a testing aid)
 };
 
 struct RunResult {
@@ -30,12 +34,14 @@ struct RunResult {
   std::vector<__half> output;  // the checked run's O, [B, H, N, D]
 };
 
-// Device memory one run of `step` on `shape` needs with `buffer_sets` rotating copies.
-std::size_t device_bytes_needed(const StepInfo& step, const Shape& shape, int buffer_sets);
+// Device memory one run of `step` on `shape` needs with `buffer_sets` rotating copies, and the
+// GPU reference's fp32 output when `check_all_slices`.
+std::size_t device_bytes_needed(const StepInfo& step, const Shape& shape, int buffer_sets,
+                                bool check_all_slices = true);
 
 // Throws CudaError, saying how much is needed and how much is free, when one copy of the
 // problem (and the step's workspace) does not fit in the GPU's free memory.
-void ensure_fits(const StepInfo& step, const Shape& shape);
+void ensure_fits(const StepInfo& step, const Shape& shape, bool check_all_slices = true);
 
 // reference may be nullptr (no check).
 RunResult run_step(const StepInfo& step, const HostTensors& inputs, const Reference* reference,

@@ -46,11 +46,18 @@ struct AttentionArgs {
   // written straight into [B, N, H*D]), for a step whose StepInfo says takes_strides.
   TensorStrides qkv_strides;  // shared by Q, K and V
   TensorStrides o_strides;
+  // A testing aid: a step with persistent blocks (one per SM, each walking several work tiles)
+  // launches at most this many, so that tests see every block run several tiles on any GPU.
+  // 0: no cap (ATTN_TEST_PERSISTENT_BLOCKS sets it for the step executables and the bench).
+  int max_persistent_blocks = 0;
 };
 
 using LaunchFn = void (*)(const AttentionArgs&);
 using WorkspaceFn = std::size_t (*)(const Shape&);
 using SharedBytesFn = std::size_t (*)(const Shape&);
+// The checked build of the Hopper pipeline (steps/hopper/checked.cuh): the first protocol rule
+// broken since the last call, as one line, or nothing.
+using PipelineReportFn = std::optional<std::string> (*)();
 
 // Shared-memory limits are searched up to this N; a step whose needs still fit there serves any N.
 constexpr int64_t kLargestTokensProbed = int64_t(1) << 30;
@@ -93,6 +100,7 @@ struct StepInfo {
   WorkspaceFn workspace_bytes = nullptr;  // scratch the launch needs; nullptr means none
   StepKind kind = StepKind::step;
   bool takes_strides = false;  // reads and writes strided views (AttentionArgs), not only contiguous
+  PipelineReportFn pipeline_report = nullptr;  // set by steps built with the checked pipeline
 
   // Why this step refuses the shape on any GPU (a head dim it does not serve), in one line that
   // names the flag; nothing if it serves it.

@@ -31,7 +31,8 @@ int run_step_program(const StepInfo& step, int argc, const char* const* argv, st
     record.date = today_utc();
     record.gpu = open(options.device);
     if (auto reason = step.refuses(options.shape, record.gpu.limits())) throw UsageError(*reason);
-    ensure_fits(step, options.shape);  // before drawing gigabytes of host inputs
+    // Before drawing gigabytes of host inputs.
+    ensure_fits(step, options.shape, options.check != CheckMode::none);
     if (options.measure_ceilings) record.ceilings = measure_ceilings();
 
     const HostTensors inputs = make_inputs(options.shape, options.seed);
@@ -40,6 +41,7 @@ int run_step_program(const StepInfo& step, int argc, const char* const* argv, st
     RunConfig config;
     config.warmup = options.warmup;
     config.iters = options.iters;
+    config.max_persistent_blocks = persistent_blocks_testing_aid();
     const RunResult result =
         run_step(step, inputs, options.check == CheckMode::none ? nullptr : &reference, config);
     record.timing = result.timing;

@@ -1,8 +1,11 @@
-// The GPU suite, run for one step at a time (gpu_tests --step=v3): the shape matrix of
-// DESIGN.md with tails, the stress case, run-to-run equality, and refusals.
+// The GPU suite, run for one step at a time (gpu_tests --step=v3): the shape matrix with tails,
+// the headline and long shapes, a probe of the key mask, persistent blocks that walk several
+// work tiles, the stress case, run-to-run equality, and refusals. Every test checks every
+// output element of every slice (check.hpp).
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <vector>
 
@@ -18,32 +21,54 @@ using attn::Shape;
 const int64_t kTokens[] = {1, 2, 17, 64, 65, 127, 128, 197, 577, 1025};
 const int64_t kHeadlineTokens[] = {197, 577, 1025};
 const int64_t kLongTokens[] = {2049, 4097, 16385};  // for steps with no N limit
+// Tails for every tile size the steps use (64, 128, 160, 208 keys; 64 and 128 query rows).
+const int64_t kMaskProbeTokens[] = {1, 17, 65, 127, 130, 197, 577, 1025};
+// A persistent step gets at most this many blocks in the tests below, so that every block walks
+// several work tiles (its Q buffers wrap around, its O staging buffer is reused) on any GPU.
+constexpr int kFewBlocks = 4;
 
 bool serves(const attn::StepInfo& step, const Shape& shape) {
   return !step.refuses(shape, device_under_test());
 }
 
-attn::CheckResult check_step(const attn::StepInfo& step, const Shape& shape, CheckMode mode,
-                             double qk_scale = 1.0, uint64_t seed = 17) {
-  const attn::HostTensors inputs = attn::make_inputs(shape, seed, qk_scale);
+struct Run {
+  CheckMode mode = CheckMode::full;
+  double qk_scale = 1.0;
+  bool mask_probe = false;  // make_key_mask_probe_inputs instead of standard normal ones
+  int max_persistent_blocks = 0;
+  uint64_t seed = 17;
+};
+
+// Every element of every slice is checked: against the fp64 reference on the slices `mode`
+// picks, and against the GPU reference on all of them (the runner's default).
+attn::CheckResult check_step(const attn::StepInfo& step, const Shape& shape, const Run& run = {}) {
+  const attn::HostTensors inputs = run.mask_probe
+                                       ? attn::make_key_mask_probe_inputs(shape, run.seed)
+                                       : attn::make_inputs(shape, run.seed, run.qk_scale);
   const attn::Reference reference =
-      attn::compute_reference(inputs, attn::slices_to_check(shape, mode, seed));
+      attn::compute_reference(inputs, attn::slices_to_check(shape, run.mode, run.seed));
   attn::RunConfig config;
   config.time = false;
+  config.max_persistent_blocks = run.max_persistent_blocks;
   return attn::run_step(step, inputs, &reference, config).check;
 }
 
 void require_pass(const attn::CheckResult& result) {
   INFO("relative error " << result.relative_error << " (tolerance " << result.relative_tolerance
                          << "), max abs error " << result.max_abs_error << " (tolerance "
-                         << result.abs_tolerance << "), " << result.nonfinite
+                         << result.abs_tolerance << ") on " << result.checked_slices
+                         << " slices against fp64; relative error " << result.all_relative_error
+                         << ", max abs error " << result.all_max_abs_error << " (tolerance "
+                         << result.all_abs_tolerance << ") on all " << result.all_checked_slices
+                         << " slices against the GPU reference; " << result.nonfinite
                          << " non-finite; " << result.worst);
   CHECK(result.passed);
+  CHECK(result.all_checked_slices == result.total_slices);  // every slice was looked at
 }
 
 }  // namespace
 
-TEST_CASE("shape matrix: every N of DESIGN.md, tails included, every head dim served") {
+TEST_CASE("shape matrix: every N of the tests, tails included, every head dim served") {
   const attn::StepInfo& step = step_under_test();
   for (int head_dim : step.head_dims) {
     for (int64_t tokens : kTokens) {
@@ -51,20 +76,20 @@ TEST_CASE("shape matrix: every N of DESIGN.md, tails included, every head dim se
         const Shape shape{batch, heads, tokens, head_dim};
         if (!serves(step, shape)) continue;
         CAPTURE(shape.str());
-        require_pass(check_step(step, shape, CheckMode::full));
+        require_pass(check_step(step, shape));
       }
     }
   }
 }
 
-TEST_CASE("headline ViT shapes at B = 32, H = 12 (sampled slices)") {
+TEST_CASE("headline ViT shapes at B = 32, H = 12 (fp64 on sampled slices, every slice on the GPU)") {
   const attn::StepInfo& step = step_under_test();
   for (int head_dim : step.head_dims) {
     for (int64_t tokens : kHeadlineTokens) {
       const Shape shape{32, 12, tokens, head_dim};
       if (!serves(step, shape)) continue;
       CAPTURE(shape.str());
-      require_pass(check_step(step, shape, CheckMode::sample));
+      require_pass(check_step(step, shape, {CheckMode::sample}));
     }
   }
 }
@@ -76,31 +101,85 @@ TEST_CASE("long sequences, every head dim, for steps without an N limit") {
     for (int64_t tokens : kLongTokens) {
       const Shape shape{1, 2, tokens, head_dim};
       CAPTURE(shape.str());
-      require_pass(check_step(step, shape, CheckMode::full));
+      require_pass(check_step(step, shape));
     }
   }
 }
 
-TEST_CASE("stress: scores in the hundreds, the softmax must stay stable") {
+TEST_CASE("key mask: with every real score strongly negative, a key past N must get no weight") {
+  // Built to expose a mask off by one (a padded key admitted), whatever the tolerance: such a key
+  // scores 0 against real scores near -4 sqrt(D), and takes its whole row (inputs.hpp).
   const attn::StepInfo& step = step_under_test();
-  for (int64_t tokens : {int64_t(77), int64_t(577)}) {
-    const Shape shape{2, 2, tokens, 64};
-    if (!serves(step, shape)) continue;
-    CAPTURE(shape.str());
-    require_pass(check_step(step, shape, CheckMode::full, attn::kStressScale));
+  for (int head_dim : step.head_dims) {
+    for (int64_t tokens : kMaskProbeTokens) {
+      const Shape shape{2, 3, tokens, head_dim};
+      if (!serves(step, shape)) continue;
+      CAPTURE(shape.str());
+      Run run;
+      run.mask_probe = true;
+      require_pass(check_step(step, shape, run));
+    }
   }
 }
 
-TEST_CASE("run-to-run equality: the same inputs give the same bits") {
+TEST_CASE("persistent blocks: every block runs several work tiles, fully checked") {
+  // At most kFewBlocks blocks: with 128-row work tiles (the largest any step uses) these shapes
+  // have at least 3 * kFewBlocks tiles, so each block walks three or more, and a tile whose
+  // second 64 rows lie past N (N = 1025) is among them. Steps without persistent blocks ignore
+  // the cap and run the same shapes.
   const attn::StepInfo& step = step_under_test();
-  const Shape shape{2, 3, 197, 64};
-  REQUIRE(serves(step, shape));
-  const attn::HostTensors inputs = attn::make_inputs(shape, 5);
-  attn::RunConfig config;
-  config.time = false;
-  const std::vector<__half> first = attn::run_step(step, inputs, nullptr, config).output;
-  const std::vector<__half> second = attn::run_step(step, inputs, nullptr, config).output;
-  CHECK(std::memcmp(first.data(), second.data(), first.size() * sizeof(__half)) == 0);
+  for (int head_dim : step.head_dims) {
+    for (const Shape& shape : {Shape{2, 3, 577, head_dim}, Shape{1, 3, 1025, head_dim},
+                               Shape{4, 3, 197, head_dim}}) {
+      REQUIRE(shape.slices() * ((shape.tokens + 127) / 128) >= 3 * kFewBlocks);
+      if (!serves(step, shape)) continue;
+      CAPTURE(shape.str());
+      for (bool mask_probe : {false, true}) {
+        CAPTURE(mask_probe);
+        Run run;
+        run.mask_probe = mask_probe;
+        run.max_persistent_blocks = kFewBlocks;
+        require_pass(check_step(step, shape, run));
+      }
+    }
+  }
+}
+
+TEST_CASE("stress: scores in the hundreds, the softmax must stay stable, every head dim") {
+  const attn::StepInfo& step = step_under_test();
+  for (int head_dim : step.head_dims) {
+    for (int64_t tokens : {int64_t(77), int64_t(577)}) {
+      const Shape shape{2, 2, tokens, head_dim};
+      if (!serves(step, shape)) continue;
+      CAPTURE(shape.str());
+      Run run;
+      run.qk_scale = attn::kStressScale;
+      require_pass(check_step(step, shape, run));
+    }
+  }
+}
+
+TEST_CASE("run-to-run equality: the same inputs give the same bits, and they are numbers") {
+  const attn::StepInfo& step = step_under_test();
+  REQUIRE(serves(step, Shape{2, 3, 197, 64}));  // every step serves it
+  for (const Shape& shape : {Shape{2, 3, 197, 64}, Shape{2, 3, 577, 64}}) {
+    if (!serves(step, shape)) continue;
+    CAPTURE(shape.str());
+    const attn::HostTensors inputs = attn::make_inputs(shape, 5);
+    attn::RunConfig config;
+    config.time = false;
+    config.max_persistent_blocks = kFewBlocks;
+    const std::vector<__half> first = attn::run_step(step, inputs, nullptr, config).output;
+    const std::vector<__half> second = attn::run_step(step, inputs, nullptr, config).output;
+    // Two unwritten (NaN-poisoned) outputs would compare equal: every element must be finite.
+    const auto finite = [](const std::vector<__half>& output) {
+      return std::all_of(output.begin(), output.end(),
+                         [](__half x) { return std::isfinite(__half2float(x)); });
+    };
+    CHECK(finite(first));
+    CHECK(finite(second));
+    CHECK(std::memcmp(first.data(), second.data(), first.size() * sizeof(__half)) == 0);
+  }
 }
 
 TEST_CASE("refuses what it does not serve, with a reason naming the flag") {

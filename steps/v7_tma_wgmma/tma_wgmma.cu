@@ -15,17 +15,20 @@
 //
 // Two warpgroups share each K and V tile: 128 query rows per block. Every thread computes; one
 // of them also issues the copies. Serves head dims 64 and 128 (whole 64-column swizzle blocks).
-// The wrappers of the new instructions are in hopper.cuh beside this file.
+// The wrappers of the new instructions, and the typed pieces built on them (rings of stages,
+// matrix descriptors, the staging buffer), are in steps/hopper/, shared with the later steps.
 #include <cuda_fp16.h>
 
 #include <cmath>
 #include <cstdint>
 
 #include "cuda_check.hpp"
+#include "hopper/hopper.cuh"
 #include "step.hpp"
-#include "v7_tma_wgmma/hopper.cuh"
 
 namespace {
+
+using hopper::Buffer;
 
 // ---- Tile geometry and shared memory --------------------------------------------------------
 
@@ -36,25 +39,37 @@ struct Tiles {
   static constexpr int kBlockM = 64 * kWarpGroups;  // query rows per block: wgmma's M per group
   static constexpr int kBlockN = 128;               // keys per K and V tile
   static constexpr int kStages = 2;
-  static constexpr int kColumnBlocks = kHeadDim / hopper::kSwizzleColumns;
+  static constexpr hopper::Swizzle kSwizzle = hopper::Swizzle::bytes128;
+  static constexpr int kSwizzleColumns = hopper::row_columns(kSwizzle);
+  static constexpr int kColumnBlocks = kHeadDim / kSwizzleColumns;
   static constexpr int kDSteps = kHeadDim / 16;     // k-steps of Q K^T
   static constexpr int kKeySteps = kBlockN / 16;    // k-steps of P V
   static constexpr uint32_t kQBytes = kBlockM * kHeadDim * sizeof(__half);
   static constexpr uint32_t kKVBytes = kBlockN * kHeadDim * sizeof(__half);  // one K or V tile
-  // Q, then the K stages, then the V stages (each a multiple of 1024 bytes), then the barriers;
-  // 1024 bytes of slack let the kernel align the start to the swizzle pattern's 1024 bytes.
-  static constexpr uint32_t kKOffset = kQBytes;
-  static constexpr uint32_t kVOffset = kKOffset + kStages * kKVBytes;
-  static constexpr uint32_t kBarrierOffset = kVOffset + kStages * kKVBytes;
-  static constexpr uint32_t kSharedBytes = kBarrierOffset + (1 + kStages) * sizeof(uint64_t) + 1024;
-  static_assert(kHeadDim % hopper::kSwizzleColumns == 0, "whole 64-column swizzle blocks");
+  static_assert(kHeadDim % kSwizzleColumns == 0, "whole 64-column swizzle blocks");
   static_assert(kQBytes % 1024 == 0 && kKVBytes % 1024 == 0, "tiles keep 1024-byte alignment");
 };
+
+// Shared memory: Q, then the K stages, then the V stages (each a multiple of 1024 bytes, so every
+// tile keeps the swizzle's 1024-byte alignment), then the barriers: Q's, and one per stage for
+// the K and V tiles of that stage together.
+template <int kHeadDim>
+struct SharedStorage {
+  using T = Tiles<kHeadDim>;
+  __half q[T::kBlockM * kHeadDim];              // [column block][kBlockM][64]
+  __half k[T::kStages][T::kBlockN * kHeadDim];  // [column block][kBlockN][64] each
+  __half v[T::kStages][T::kBlockN * kHeadDim];
+  uint64_t q_full[1];
+  uint64_t kv_full[T::kStages];
+};
+// The bytes a block asks for: the storage, and room to align its start to 1024 bytes.
+template <int kHeadDim>
+constexpr uint32_t kSharedBytes = sizeof(SharedStorage<kHeadDim>) + 1024;
 
 // ---- The kernel -----------------------------------------------------------------------------
 
 // One block: kBlockM query rows of one (b, h) slice; warpgroup g owns rows 64g..64g+63 of them.
-// A thread holds two of its warpgroup's rows (hopper.cuh gives the accumulator layout): row
+// A thread holds two of its warpgroup's rows (ptx.cuh gives the accumulator layout): row
 // lane/4 of its warp's 16 ("half" 0) and that row + 8 (half 1), a quarter of each row's columns.
 template <int kHeadDim>
 __global__ void __launch_bounds__(Tiles<kHeadDim>::kThreads, 1)
@@ -64,14 +79,13 @@ __global__ void __launch_bounds__(Tiles<kHeadDim>::kThreads, 1)
                                const __grid_constant__ CUtensorMap o_map, int heads,
                                int tokens, int row_tiles, float scale_log2) {
   using T = Tiles<kHeadDim>;
+  constexpr int kSwizzleColumns = T::kSwizzleColumns;
   extern __shared__ unsigned char shared_raw[];
-  unsigned char* shared = shared_raw + (1024 - hopper::shared_address(shared_raw) % 1024) % 1024;
-  __half* q_tile = reinterpret_cast<__half*>(shared);                      // [column block][kBlockM][64]
-  __half* k_tiles = reinterpret_cast<__half*>(shared + T::kKOffset);       // [stage][column block][kBlockN][64]
-  __half* v_tiles = reinterpret_cast<__half*>(shared + T::kVOffset);       // the same for V
-  uint64_t* q_full = reinterpret_cast<uint64_t*>(shared + T::kBarrierOffset);
-  uint64_t* kv_full = q_full + 1;  // one per stage
-  constexpr int kKVHalves = T::kKVBytes / sizeof(__half);
+  SharedStorage<kHeadDim>& smem = *reinterpret_cast<SharedStorage<kHeadDim>*>(
+      shared_raw + (1024 - hopper::shared_address(shared_raw) % 1024) % 1024);
+  // Q is used once; a K/V stage once per K/V tile, refilled after a barrier of the whole block.
+  hopper::Ring<1> q_ring(Buffer::q, smem.q_full, nullptr);
+  hopper::Ring<T::kStages> kv_ring(Buffer::kv, smem.kv_full, nullptr);
 
   const int warp_group = threadIdx.x / 128;
   const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
@@ -81,68 +95,62 @@ __global__ void __launch_bounds__(Tiles<kHeadDim>::kThreads, 1)
   const int head = slice % heads, batch = slice / heads;
   const int row0 = row_tile * T::kBlockM;
   const int kv_tiles = (tokens + T::kBlockN - 1) / T::kBlockN;
+  const hopper::StagingBuffer o_staging(warp_group);  // O leaves through its rows of the Q tile
 
   // One thread sets up the barriers and issues every copy; all threads wait on the barriers.
   const bool copier = threadIdx.x == 0;
   auto load_kv_tile = [&](int tile) {
-    const int stage = tile % T::kStages;
-    hopper::mbarrier_arrive_expect_bytes(&kv_full[stage], 2 * T::kKVBytes);
+    uint64_t* full = kv_ring.arm(tile, 2 * T::kKVBytes);
+    const int stage = kv_ring.slot(tile);
     for (int c = 0; c < T::kColumnBlocks; ++c) {
-      const int offset = stage * kKVHalves + c * T::kBlockN * hopper::kSwizzleColumns;
-      hopper::tma_load(k_tiles + offset, &k_map, &kv_full[stage], c * hopper::kSwizzleColumns,
+      const int offset = c * T::kBlockN * kSwizzleColumns;
+      hopper::tma_load(smem.k[stage] + offset, &k_map, full, c * kSwizzleColumns,
                        tile * T::kBlockN, head, batch);
-      hopper::tma_load(v_tiles + offset, &v_map, &kv_full[stage], c * hopper::kSwizzleColumns,
+      hopper::tma_load(smem.v[stage] + offset, &v_map, full, c * kSwizzleColumns,
                        tile * T::kBlockN, head, batch);
     }
   };
   if (copier) {
-    hopper::mbarrier_init(q_full, 1);
-    for (int stage = 0; stage < T::kStages; ++stage) hopper::mbarrier_init(&kv_full[stage], 1);
+    q_ring.init_full();
+    kv_ring.init_full();
+    for (int g = 0; g < T::kWarpGroups; ++g) hopper::StagingBuffer(g).init();
     hopper::fence_barrier_init();
   }
   __syncthreads();
   if (copier) {
-    hopper::mbarrier_arrive_expect_bytes(q_full, T::kQBytes);
+    uint64_t* q_full = q_ring.arm(0, T::kQBytes);
     for (int c = 0; c < T::kColumnBlocks; ++c) {
-      hopper::tma_load(q_tile + c * T::kBlockM * hopper::kSwizzleColumns, &q_map, q_full,
-                       c * hopper::kSwizzleColumns, row0, head, batch);
+      hopper::tma_load(smem.q + c * T::kBlockM * kSwizzleColumns, &q_map, q_full,
+                       c * kSwizzleColumns, row0, head, batch);
     }
     for (int tile = 0; tile < min(T::kStages, kv_tiles); ++tile) load_kv_tile(tile);
   }
 
-  // Descriptors of this warpgroup's 64 rows of Q (K-major: rows of D). The K and V tiles of a
-  // stage get theirs in the loop; a k-step moves a descriptor along D (32 bytes within a
-  // 128-byte swizzled row, or to the next column block) or, for V, down 16 keys (2048 bytes).
-  const uint64_t q_descriptor =
-      hopper::matrix_descriptor(q_tile + warp_group * 64 * hopper::kSwizzleColumns, 0, 1024);
-
+  hopper::WgmmaGroups groups;
   float o_acc[kHeadDim / 2] = {};  // this thread's share of the warpgroup's 64 x D output
   float row_max[2] = {-INFINITY, -INFINITY};  // raw score units
   float row_sum[2] = {0.0f, 0.0f};            // this lane's share; the quad's sum at the end
-  hopper::mbarrier_wait(q_full, 0);
+  q_ring.wait_full(0);
 
   for (int tile = 0; tile < kv_tiles; ++tile) {
-    const int stage = tile % T::kStages;
-    hopper::mbarrier_wait(&kv_full[stage], (tile / T::kStages) % 2);  // K and V have landed
-    const uint64_t k_descriptor = hopper::matrix_descriptor(k_tiles + stage * kKVHalves, 0, 1024);
-    // V is MN-major for P V (its rows are the k dimension): 64-column blocks of D lie
-    // kBlockN rows of 128 bytes apart.
-    const uint64_t v_descriptor =
-        hopper::matrix_descriptor(v_tiles + stage * kKVHalves, T::kBlockN * 128, 1024);
+    kv_ring.wait_full(tile);  // K and V have landed
+    const int stage = kv_ring.read(tile, groups);
+    // This warpgroup's 64 rows of Q and the stage's K are K-major (rows of D); V is MN-major
+    // for P V (its rows are the k dimension). A k-step moves a descriptor along D (32 bytes
+    // within a 128-byte swizzled row, or to the next column block) or, for V, down 16 keys.
+    const hopper::KMajorOperand<T::kBlockM> q(smem.q + warp_group * 64 * kSwizzleColumns);
+    const hopper::KMajorOperand<T::kBlockN> k(smem.k[stage]);
+    const hopper::MNMajorOperand<T::kBlockN> v(smem.v[stage]);
 
     float s_acc[T::kBlockN / 2];  // this thread's share of the warpgroup's 64 x kBlockN scores
     // BEGIN EXERCISE: S = Q K^T for this warpgroup's 64 rows: one wgmma per 16 columns of D
     hopper::wgmma_fence();
     for (int step = 0; step < T::kDSteps; ++step) {
-      const uint32_t column_block = step / 4, within_row = (step % 4) * 32;  // bytes
-      hopper::wgmma_ss(s_acc,
-                       hopper::advance(q_descriptor, column_block * T::kBlockM * 128 + within_row),
-                       hopper::advance(k_descriptor, column_block * T::kBlockN * 128 + within_row),
-                       step > 0);
+      hopper::wgmma_ss(s_acc, q.k_step(step), k.k_step(step), step > 0);
     }
-    hopper::wgmma_commit();
+    groups.commit();
     // END EXERCISE
-    hopper::wgmma_wait<0>();
+    groups.wait<0>();
     hopper::fence_registers(s_acc);
 
     // Keys past N exist only in the last tile (TMA filled their K rows with zeros): -inf, p = 0.
@@ -191,16 +199,18 @@ __global__ void __launch_bounds__(Tiles<kHeadDim>::kThreads, 1)
     }
     hopper::fence_registers(o_acc);
     hopper::wgmma_fence();  // o_acc was rescaled by ordinary instructions just now
+    kv_ring.read(tile, groups);  // P V reads the stage's V
     for (int step = 0; step < T::kKeySteps; ++step) {
-      hopper::wgmma_rs(o_acc, p_fragments[step], hopper::advance(v_descriptor, step * 16 * 128), true);
+      hopper::wgmma_rs(o_acc, p_fragments[step], v.k_step(step), true);
     }
-    hopper::wgmma_commit();
-    hopper::wgmma_wait<0>();
+    groups.commit();
+    groups.wait<0>();
     hopper::fence_registers(o_acc);
     for (int step = 0; step < T::kKeySteps; ++step) hopper::fence_registers(p_fragments[step]);
 
-    // Both warpgroups are done with this stage (their wgmma have completed): refill it.
-    __syncthreads();
+    // Both warpgroups are done with this stage (their wgmma have completed): one barrier of the
+    // whole block, then the copier refills it.
+    kv_ring.release_block(tile, groups);
     if (copier && tile + T::kStages < kv_tiles) load_kv_tile(tile + T::kStages);
   }
 
@@ -214,24 +224,25 @@ __global__ void __launch_bounds__(Tiles<kHeadDim>::kThreads, 1)
     total += __shfl_xor_sync(0xffffffffu, total, 2);
     inverse[half] = 1.0f / total;
   }
-  unsigned char* o_stage = reinterpret_cast<unsigned char*>(q_tile);
+  o_staging.check_writable();
+  unsigned char* o_bytes = reinterpret_cast<unsigned char*>(smem.q);
   for (int d = 0; d < kHeadDim / 8; ++d) {
     for (int half = 0; half < 2; ++half) {
       const int row = warp_group * 64 + warp * 16 + lane / 4 + 8 * half;
-      *reinterpret_cast<__half2*>(o_stage + hopper::swizzled_offset(row, 8 * d + 2 * quad_lane, T::kBlockM)) =
+      *reinterpret_cast<__half2*>(o_bytes + hopper::swizzled_offset<T::kSwizzle>(row, 8 * d + 2 * quad_lane, T::kBlockM)) =
           __floats2half2_rn(o_acc[4 * d + 2 * half] * inverse[half],
                             o_acc[4 * d + 2 * half + 1] * inverse[half]);
     }
   }
   hopper::fence_async_shared();  // these ordinary stores are read next by the copy engine
-  hopper::named_barrier_sync(1 + warp_group, 128);
+  hopper::named_barrier_sync(hopper::NamedBarrier::epilogue, warp_group, 128);
   if (threadIdx.x % 128 == 0) {
     for (int c = 0; c < T::kColumnBlocks; ++c) {
-      hopper::tma_store(&o_map, q_tile + (c * T::kBlockM + warp_group * 64) * hopper::kSwizzleColumns,
-                        c * hopper::kSwizzleColumns, row0 + warp_group * 64, head, batch);
+      hopper::tma_store(&o_map, smem.q + (c * T::kBlockM + warp_group * 64) * kSwizzleColumns,
+                        c * kSwizzleColumns, row0 + warp_group * 64, head, batch);
     }
-    hopper::tma_store_commit();
-    hopper::tma_store_wait();  // shared memory must outlive the copy's reads
+    o_staging.commit();
+    o_staging.wait();  // shared memory must outlive the copy's reads
   }
 }
 
@@ -245,7 +256,8 @@ void launch_for(const attn::AttentionArgs& args) {
   const attn::TensorStrides qkv = attn::actual_strides(args.qkv_strides, args.heads, args.tokens, kHeadDim);
   const attn::TensorStrides o = attn::actual_strides(args.o_strides, args.heads, args.tokens, kHeadDim);
   auto map = [&](const __half* tensor, attn::TensorStrides strides, int box_rows) {
-    return hopper::tensor_map(tensor, args.batch, args.heads, args.tokens, kHeadDim, strides, box_rows);
+    return hopper::tensor_map(tensor, args.batch, args.heads, args.tokens, kHeadDim, strides, box_rows,
+                              T::kSwizzleColumns, hopper::tensor_map_swizzle(T::kSwizzle));
   };
   const CUtensorMap q_map = map(args.q, qkv, T::kBlockM);
   const CUtensorMap k_map = map(args.k, qkv, T::kBlockN);
@@ -253,10 +265,10 @@ void launch_for(const attn::AttentionArgs& args) {
   const CUtensorMap o_map = map(args.o, o, 64);
   auto kernel = tma_wgmma_attention_kernel<kHeadDim>;
   CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  int(T::kSharedBytes)));
+                                  int(kSharedBytes<kHeadDim>)));
   const int row_tiles = (args.tokens + T::kBlockM - 1) / T::kBlockM;
   const float scale_log2 = float(M_LOG2E / std::sqrt(double(kHeadDim)));
-  kernel<<<unsigned(int64_t(row_tiles) * slices), T::kThreads, T::kSharedBytes, args.stream>>>(
+  kernel<<<unsigned(int64_t(row_tiles) * slices), T::kThreads, kSharedBytes<kHeadDim>, args.stream>>>(
       q_map, k_map, v_map, o_map, args.heads, args.tokens, row_tiles, scale_log2);
   CUDA_CHECK_LAUNCH();
 }
@@ -270,7 +282,7 @@ void launch_tma_wgmma(const attn::AttentionArgs& args) {
 
 // Independent of N: Q, two K and two V tiles.
 std::size_t shared_bytes_needed(const attn::Shape& shape) {
-  return shape.head_dim == 128 ? Tiles<128>::kSharedBytes : Tiles<64>::kSharedBytes;
+  return shape.head_dim == 128 ? kSharedBytes<128> : kSharedBytes<64>;
 }
 
 }  // namespace
@@ -278,4 +290,5 @@ std::size_t shared_bytes_needed(const attn::Shape& shape) {
 ATTN_REGISTER_STEP(attn::StepInfo{ATTN_STEP_ID,
                                   "TMA + wgmma: the copy engine and asynchronous tensor cores",
                                   {64, 128}, 90, 90, shared_bytes_needed, launch_tma_wgmma,
-                                  nullptr, attn::StepKind::step, /*takes_strides=*/true})
+                                  nullptr, attn::StepKind::step, /*takes_strides=*/true,
+                                  hopper::kPipelineReport})

@@ -21,17 +21,22 @@
 //     The producer loads the next tile's Q (double-buffered) and K/V while the consumers finish
 //     the current one, and O leaves through a staging buffer and an asynchronous TMA store.
 //
-// Serves head dims 64 and 128; tile sizes per head dim chosen by measurement (chapter 10).
+// Serves head dims 64 and 128; tile sizes per head dim chosen by measurement (chapter 10). The
+// rings, wgmma groups and staging buffer are the pieces of steps/hopper/pipeline.cuh, which the
+// checked build (cmake -DATTN_CHECKED_PIPELINE=ON) turns into a checker of the protocol.
 #include <cuda_fp16.h>
 
 #include <cmath>
 #include <cstdint>
 
 #include "cuda_check.hpp"
+#include "hopper/hopper.cuh"
 #include "step.hpp"
-#include "v7_tma_wgmma/hopper.cuh"
 
 namespace {
+
+using hopper::Buffer;
+using hopper::NamedBarrier;
 
 // ---- Tile geometry and shared memory --------------------------------------------------------
 
@@ -44,7 +49,9 @@ struct Tiles {
   static constexpr int kBlockN = kBlockN_;             // keys per K and V tile
   static constexpr int kStages = kStages_;             // K stages, and as many V stages
   static constexpr int kQBuffers = kQBuffers_;         // 2: the next tile's Q lands during this one
-  static constexpr int kColumnBlocks = kHeadDim / hopper::kSwizzleColumns;
+  static constexpr hopper::Swizzle kSwizzle = hopper::Swizzle::bytes128;
+  static constexpr int kSwizzleColumns = hopper::row_columns(kSwizzle);
+  static constexpr int kColumnBlocks = kHeadDim / kSwizzleColumns;
   static constexpr int kDSteps = kHeadDim / 16;
   static constexpr int kKeySteps = kBlockN / 16;
   // Registers per thread after the hand-over: the producer keeps 24, each consumer gets 240
@@ -53,55 +60,32 @@ struct Tiles {
   static constexpr int kConsumerRegisters = 240;
   static constexpr uint32_t kQBytes = kBlockM * kHeadDim * sizeof(__half);
   static constexpr uint32_t kKVBytes = kBlockN * kHeadDim * sizeof(__half);
-  // Q buffers, O staging, K stages, V stages (multiples of 1024 bytes), then the barriers: a
-  // full and an empty one per Q buffer, per K stage and per V stage.
-  static constexpr uint32_t kOOffset = kQBuffers * kQBytes;
-  static constexpr uint32_t kKOffset = kOOffset + kQBytes;
-  static constexpr uint32_t kVOffset = kKOffset + kStages * kKVBytes;
-  static constexpr uint32_t kBarrierOffset = kVOffset + kStages * kKVBytes;
-  static constexpr uint32_t kSharedBytes =
-      kBarrierOffset + 2 * (kQBuffers + 2 * kStages) * sizeof(uint64_t) + 1024;
-  static_assert(kHeadDim % hopper::kSwizzleColumns == 0, "whole 64-column swizzle blocks");
+  static_assert(kHeadDim % kSwizzleColumns == 0, "whole 64-column swizzle blocks");
   static_assert(kBlockN % 16 == 0 && kBlockN <= 256, "wgmma's N: a multiple of 16 up to 256");
   static_assert(kQBytes % 1024 == 0 && kKVBytes % 1024 == 0, "tiles keep 1024-byte alignment");
 };
 
+// Shared memory: the Q buffers, the O staging tile, the K stages and the V stages (each a
+// multiple of 1024 bytes, so every tile keeps the swizzle's 1024-byte alignment), then a full
+// and an empty barrier per Q buffer, per K stage and per V stage.
+template <typename T>
+struct SharedStorage {
+  __half q[T::kQBuffers][T::kBlockM * T::kHeadDim];  // [column block][kBlockM][64] each
+  __half o[T::kBlockM * T::kHeadDim];
+  __half k[T::kStages][T::kBlockN * T::kHeadDim];    // [column block][kBlockN][64] each
+  __half v[T::kStages][T::kBlockN * T::kHeadDim];
+  uint64_t q_full[T::kQBuffers], q_empty[T::kQBuffers];
+  uint64_t k_full[T::kStages], k_empty[T::kStages];
+  uint64_t v_full[T::kStages], v_empty[T::kStages];
+};
+// The bytes a block asks for: the storage, and room to align its start to 1024 bytes.
+template <typename T>
+constexpr uint32_t kSharedBytes = sizeof(SharedStorage<T>) + 1024;
+
 // Barrier arrivals that free a buffer: one per consumer warp (a warp's wgmma.wait_group covers
 // its own share of the warpgroup's instruction, so every warp says it is done).
-constexpr uint32_t kConsumerWarps = 8;
-
-// A ring of kSlots buffers, each guarded by a "full" mbarrier (completed by the copy engine: one
-// producer arrival plus the bytes) and an "empty" one (completed by the consumer warps). The
-// buffers are used in turn: use number u (counted over the whole kernel) goes to slot
-// u % kSlots, and the phase parity to wait for flips every time round the ring.
-template <int kSlots>
-struct Ring {
-  uint64_t* full;
-  uint64_t* empty;
-
-  __device__ int slot(int use) const { return use % kSlots; }
-  __device__ uint32_t parity(int use) const { return (use / kSlots) % 2; }
-  __device__ void init(uint32_t consumer_arrivals) const {
-    for (int i = 0; i < kSlots; ++i) {
-      hopper::mbarrier_init(&full[i], 1);
-      hopper::mbarrier_init(&empty[i], consumer_arrivals);
-    }
-  }
-  __device__ void wait_full(int use) const { hopper::mbarrier_wait(&full[slot(use)], parity(use)); }
-  // The first time round, the phase before the first (parity 1) counts as complete: free.
-  __device__ void wait_empty(int use) const {
-    hopper::mbarrier_wait(&empty[slot(use)], parity(use) ^ 1);
-  }
-  // One consumer warp is done with the buffer.
-  __device__ void release(int use, int lane) const {
-    __syncwarp();
-    if (lane == 0) hopper::mbarrier_arrive(&empty[slot(use)]);
-  }
-};
-
-// Named barriers of the consumers (0 is __syncthreads): per consumer, one for its epilogue
-// (its 128 threads) and one for its turn on the tensor cores (its 128 plus the other's 128).
-constexpr int kEpilogueBarrier = 1, kTurnBarrier = 3;
+template <typename T>
+constexpr uint32_t kConsumerWarps = 4 * T::kConsumers;
 
 // The work tiles of a launch, walked the same way by the producer and the consumers.
 struct WorkTile {
@@ -114,7 +98,7 @@ __device__ __forceinline__ WorkTile work_tile(int index, int row_tiles, int head
 
 // ---- The kernel -----------------------------------------------------------------------------
 
-// A thread of consumer c holds two rows of c's 64 (hopper.cuh gives the accumulator layout):
+// A thread of consumer c holds two rows of c's 64 (ptx.cuh gives the accumulator layout):
 // row lane/4 of its warp's 16 ("half" 0) and that row + 8 (half 1), a quarter of their columns.
 template <typename T>
 __global__ void __launch_bounds__(T::kThreads, 1)
@@ -124,27 +108,24 @@ __global__ void __launch_bounds__(T::kThreads, 1)
                                       const __grid_constant__ CUtensorMap o_map, int heads,
                                       int tokens, int row_tiles, int work_tiles, float scale_log2) {
   constexpr int kHeadDim = T::kHeadDim, kBlockN = T::kBlockN, kStages = T::kStages;
+  constexpr int kSwizzleColumns = T::kSwizzleColumns;
   extern __shared__ unsigned char shared_raw[];
-  unsigned char* shared = shared_raw + (1024 - hopper::shared_address(shared_raw) % 1024) % 1024;
-  __half* q_tiles = reinterpret_cast<__half*>(shared);                  // [buffer][column block][kBlockM][64]
-  __half* o_stage = reinterpret_cast<__half*>(shared + T::kOOffset);    // [column block][kBlockM][64]
-  __half* k_tiles = reinterpret_cast<__half*>(shared + T::kKOffset);    // [stage][column block][kBlockN][64]
-  __half* v_tiles = reinterpret_cast<__half*>(shared + T::kVOffset);
-  uint64_t* barriers = reinterpret_cast<uint64_t*>(shared + T::kBarrierOffset);
-  const Ring<T::kQBuffers> q_ring{barriers, barriers + T::kQBuffers};
-  const Ring<kStages> k_ring{q_ring.empty + T::kQBuffers, q_ring.empty + T::kQBuffers + kStages};
-  const Ring<kStages> v_ring{k_ring.empty + kStages, k_ring.empty + 2 * kStages};
-  constexpr int kQHalves = T::kQBytes / sizeof(__half);
-  constexpr int kKVHalves = T::kKVBytes / sizeof(__half);
+  SharedStorage<T>& smem = *reinterpret_cast<SharedStorage<T>*>(
+      shared_raw + (1024 - hopper::shared_address(shared_raw) % 1024) % 1024);
+  hopper::Ring<T::kQBuffers> q_ring(Buffer::q, smem.q_full, smem.q_empty);
+  hopper::Ring<kStages> k_ring(Buffer::k, smem.k_full, smem.k_empty);
+  hopper::Ring<kStages> v_ring(Buffer::v, smem.v_full, smem.v_empty);
 
   const int warp_group = threadIdx.x / 128;
   const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
   const int kv_tiles = (tokens + kBlockN - 1) / kBlockN;
+  const hopper::StagingBuffer o_staging(warp_group - 1);  // the consumers' (c = warp_group - 1)
 
   if (threadIdx.x == 0) {
-    q_ring.init(kConsumerWarps);
-    k_ring.init(kConsumerWarps);
-    v_ring.init(kConsumerWarps);
+    q_ring.init(kConsumerWarps<T>);
+    k_ring.init(kConsumerWarps<T>);
+    v_ring.init(kConsumerWarps<T>);
+    for (int c = 0; c < T::kConsumers; ++c) hopper::StagingBuffer(c).init();
     hopper::fence_barrier_init();
   }
   __syncthreads();  // the last block-wide barrier: from here on the roles meet only at mbarriers
@@ -158,34 +139,32 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     hopper::release_registers<T::kProducerRegisters>();
     if (warp != 0 || lane != 0) return;
     // Rows [kv_tile * kBlockN, ...) of K or V into the buffer of this use of the ring.
-    auto load = [&](const Ring<kStages>& ring, __half* tiles, const CUtensorMap* map, int use,
-                    int kv_tile, const WorkTile& tile) {
+    auto load = [&](hopper::Ring<kStages>& ring, __half (*tiles)[kBlockN * kHeadDim],
+                    const CUtensorMap* map, int use, int kv_tile, const WorkTile& tile) {
       ring.wait_empty(use);
-      hopper::mbarrier_arrive_expect_bytes(&ring.full[ring.slot(use)], T::kKVBytes);
+      uint64_t* full = ring.arm(use, T::kKVBytes);
       for (int c = 0; c < T::kColumnBlocks; ++c) {
-        hopper::tma_load(tiles + ring.slot(use) * kKVHalves + c * kBlockN * hopper::kSwizzleColumns,
-                         map, &ring.full[ring.slot(use)], c * hopper::kSwizzleColumns,
-                         kv_tile * kBlockN, tile.head, tile.batch);
+        hopper::tma_load(tiles[ring.slot(use)] + c * kBlockN * kSwizzleColumns, map, full,
+                         c * kSwizzleColumns, kv_tile * kBlockN, tile.head, tile.batch);
       }
     };
     int kv_use = 0;
-    for (int index = blockIdx.x, done = 0; index < work_tiles; index += gridDim.x, ++done) {
+    for (int index = blockIdx.x, q_use = 0; index < work_tiles; index += gridDim.x, ++q_use) {
       const WorkTile tile = work_tile(index, row_tiles, heads, T::kBlockM);
       // BEGIN EXERCISE: load the work tile's Q, then K and V of its K/V tiles, last tile first
-      q_ring.wait_empty(done);
-      hopper::mbarrier_arrive_expect_bytes(&q_ring.full[q_ring.slot(done)], T::kQBytes);
+      q_ring.wait_empty(q_use);
+      uint64_t* q_full = q_ring.arm(q_use, T::kQBytes);
       for (int c = 0; c < T::kColumnBlocks; ++c) {
-        hopper::tma_load(q_tiles + q_ring.slot(done) * kQHalves + c * T::kBlockM * hopper::kSwizzleColumns,
-                         &q_map, &q_ring.full[q_ring.slot(done)], c * hopper::kSwizzleColumns,
-                         tile.row0, tile.head, tile.batch);
+        hopper::tma_load(smem.q[q_ring.slot(q_use)] + c * T::kBlockM * kSwizzleColumns, &q_map,
+                         q_full, c * kSwizzleColumns, tile.row0, tile.head, tile.batch);
       }
       // Visit i (0 = the last K/V tile) uses K/V tile kv_tiles - 1 - i.
-      load(k_ring, k_tiles, &k_map, kv_use, kv_tiles - 1, tile);
+      load(k_ring, smem.k, &k_map, kv_use, kv_tiles - 1, tile);
       for (int i = 1; i < kv_tiles; ++i) {
-        load(k_ring, k_tiles, &k_map, kv_use + i, kv_tiles - 1 - i, tile);
-        load(v_ring, v_tiles, &v_map, kv_use + i - 1, kv_tiles - i, tile);
+        load(k_ring, smem.k, &k_map, kv_use + i, kv_tiles - 1 - i, tile);
+        load(v_ring, smem.v, &v_map, kv_use + i - 1, kv_tiles - i, tile);
       }
-      load(v_ring, v_tiles, &v_map, kv_use + kv_tiles - 1, 0, tile);
+      load(v_ring, smem.v, &v_map, kv_use + kv_tiles - 1, 0, tile);
       kv_use += kv_tiles;
       // END EXERCISE
     }
@@ -197,14 +176,15 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   const int consumer = warp_group - 1;
   const int thread_in_group = threadIdx.x % 128;
   const int quad_lane = lane % 4;
+  hopper::WgmmaGroups groups;
   // Ping-pong: wait for my turn to issue GEMMs, then hand the turn to the other consumer.
   // Consumer 0 goes first: consumer 1 hands it the first turn.
-  auto wait_for_turn = [&] { hopper::named_barrier_sync(kTurnBarrier + consumer, 256); };
-  auto pass_turn = [&] { hopper::named_barrier_arrive(kTurnBarrier + (1 - consumer), 256); };
+  auto wait_for_turn = [&] { hopper::named_barrier_sync(NamedBarrier::turn, consumer, 256); };
+  auto pass_turn = [&] { hopper::named_barrier_arrive(NamedBarrier::turn, 1 - consumer, 256); };
   if (consumer == 1) pass_turn();
 
   int kv_use = 0;
-  for (int index = blockIdx.x, done = 0; index < work_tiles; index += gridDim.x, ++done) {
+  for (int index = blockIdx.x, q_use = 0; index < work_tiles; index += gridDim.x, ++q_use) {
     const WorkTile tile = work_tile(index, row_tiles, heads, T::kBlockM);
     const int my_row0 = tile.row0 + consumer * 64;
 
@@ -214,22 +194,20 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     if (my_row0 >= tokens) {
       for (int i = 0; i < kv_tiles; ++i) {
         k_ring.wait_full(kv_use + i);
-        k_ring.release(kv_use + i, lane);
+        k_ring.release(kv_use + i, lane, groups);
         v_ring.wait_full(kv_use + i);
-        v_ring.release(kv_use + i, lane);
+        v_ring.release(kv_use + i, lane, groups);
         if (i > 0) {
           wait_for_turn();
           pass_turn();
         }
       }
       kv_use += kv_tiles;
-      q_ring.wait_full(done);
-      q_ring.release(done, lane);
+      q_ring.wait_full(q_use);
+      q_ring.release(q_use, lane, groups);
       continue;
     }
 
-    const uint64_t q_descriptor = hopper::matrix_descriptor(
-        q_tiles + q_ring.slot(done) * kQHalves + consumer * 64 * hopper::kSwizzleColumns, 0, 1024);
     float o_acc[kHeadDim / 2] = {};
     float row_max[2] = {-INFINITY, -INFINITY};  // raw score units
     float row_sum[2] = {0.0f, 0.0f};            // this lane's share; the quad's sum at the end
@@ -237,35 +215,32 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     uint32_t p_fragments[T::kKeySteps][4];      // P in fp16: the A operand of P V
     float correction[2];                        // how much O shrinks for the newest tile
 
-    // S = Q K^T with the K of this use of the ring, issued and committed, not awaited.
+    // S = Q K^T with this work tile's Q (this warpgroup's 64 rows of it) and the K of this use
+    // of the ring, issued and committed, not awaited.
     auto issue_scores = [&](int use) {
-      const uint64_t k_descriptor =
-          hopper::matrix_descriptor(k_tiles + k_ring.slot(use) * kKVHalves, 0, 1024);
+      const hopper::KMajorOperand<T::kBlockM> q(smem.q[q_ring.read(q_use, groups)] +
+                                                consumer * 64 * kSwizzleColumns);
+      const hopper::KMajorOperand<kBlockN> k(smem.k[k_ring.read(use, groups)]);
       hopper::wgmma_fence();
       for (int step = 0; step < T::kDSteps; ++step) {
-        const uint32_t column_block = step / 4, within_row = (step % 4) * 32;  // bytes
-        hopper::wgmma_ss(s_acc,
-                         hopper::advance(q_descriptor, column_block * T::kBlockM * 128 + within_row),
-                         hopper::advance(k_descriptor, column_block * kBlockN * 128 + within_row),
-                         step > 0);
+        hopper::wgmma_ss(s_acc, q.k_step(step), k.k_step(step), step > 0);
       }
-      hopper::wgmma_commit();
+      groups.commit();
     };
     // O += P V with the V of this use of the ring, issued and committed, not awaited. Until it
     // completes, neither O nor P (read from registers by the tensor cores) may change.
     auto issue_output = [&](int use) {
-      const uint64_t v_descriptor =
-          hopper::matrix_descriptor(v_tiles + v_ring.slot(use) * kKVHalves, kBlockN * 128, 1024);
+      const hopper::MNMajorOperand<kBlockN> v(smem.v[v_ring.read(use, groups)]);
       for (int step = 0; step < T::kKeySteps; ++step) hopper::fence_registers(p_fragments[step]);
       hopper::fence_registers(o_acc);
       hopper::wgmma_fence();
       for (int step = 0; step < T::kKeySteps; ++step) {
-        hopper::wgmma_rs(o_acc, p_fragments[step], hopper::advance(v_descriptor, step * 16 * 128), true);
+        hopper::wgmma_rs(o_acc, p_fragments[step], v.k_step(step), true);
       }
-      hopper::wgmma_commit();
+      groups.commit();
     };
     auto await_output = [&]() {
-      hopper::wgmma_wait<0>();
+      groups.wait<0>();
       hopper::fence_registers(o_acc);
       for (int step = 0; step < T::kKeySteps; ++step) hopper::fence_registers(p_fragments[step]);
     };
@@ -309,15 +284,15 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       }
     };
 
-    q_ring.wait_full(done);
+    q_ring.wait_full(q_use);
 
     // Visit 0 is the last K/V tile: the only one that can hold keys past N (their K rows are
     // TMA's zeros), which get -inf, so p = 0.
     k_ring.wait_full(kv_use);
     issue_scores(kv_use);
-    hopper::wgmma_wait<0>();
+    groups.wait<0>();
     hopper::fence_registers(s_acc);
-    k_ring.release(kv_use, lane);
+    k_ring.release(kv_use, lane, groups);
     const int last_tile_keys = tokens - (kv_tiles - 1) * kBlockN;
     if (last_tile_keys < kBlockN) {
       for (int i = 0; i < kBlockN / 8; ++i) {
@@ -339,12 +314,12 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       issue_scores(kv_use + i);
       issue_output(kv_use + i - 1);
       pass_turn();
-      hopper::wgmma_wait<1>();  // S is ready; P V may still run
+      groups.wait<1>();  // S is ready; P V may still run
       hopper::fence_registers(s_acc);
-      k_ring.release(kv_use + i, lane);
+      k_ring.release(kv_use + i, lane, groups);
       softmax();
       await_output();  // now the V buffer is free, and O and P may change
-      v_ring.release(kv_use + i - 1, lane);
+      v_ring.release(kv_use + i - 1, lane, groups);
       for (int half = 0; half < 2; ++half) {
         for (int d = 0; d < kHeadDim / 8; ++d) {
           o_acc[4 * d + 2 * half] *= correction[half];
@@ -353,11 +328,11 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       }
       pack_probabilities();
     }
-    q_ring.release(done, lane);  // every S = Q K^T of this work tile is complete
+    q_ring.release(q_use, lane, groups);  // every S = Q K^T of this work tile is complete
     v_ring.wait_full(kv_use + kv_tiles - 1);
     issue_output(kv_use + kv_tiles - 1);
     await_output();
-    v_ring.release(kv_use + kv_tiles - 1, lane);
+    v_ring.release(kv_use + kv_tiles - 1, lane, groups);
     kv_use += kv_tiles;
 
     // Normalise and stage this warpgroup's rows of O (once the previous tile's store has read
@@ -370,29 +345,30 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       total += __shfl_xor_sync(0xffffffffu, total, 2);
       inverse[half] = 1.0f / total;
     }
-    if (thread_in_group == 0) hopper::tma_store_wait_read();
-    hopper::named_barrier_sync(kEpilogueBarrier + consumer, 128);
-    unsigned char* o_bytes = reinterpret_cast<unsigned char*>(o_stage);
+    if (thread_in_group == 0) o_staging.wait_read();
+    hopper::named_barrier_sync(NamedBarrier::epilogue, consumer, 128);
+    o_staging.check_writable();
+    unsigned char* o_bytes = reinterpret_cast<unsigned char*>(smem.o);
     for (int d = 0; d < kHeadDim / 8; ++d) {
       for (int half = 0; half < 2; ++half) {
         const int row = consumer * 64 + warp * 16 + lane / 4 + 8 * half;
-        *reinterpret_cast<__half2*>(o_bytes + hopper::swizzled_offset(row, 8 * d + 2 * quad_lane, T::kBlockM)) =
+        *reinterpret_cast<__half2*>(o_bytes + hopper::swizzled_offset<T::kSwizzle>(row, 8 * d + 2 * quad_lane, T::kBlockM)) =
             __floats2half2_rn(o_acc[4 * d + 2 * half] * inverse[half],
                               o_acc[4 * d + 2 * half + 1] * inverse[half]);
       }
     }
     hopper::fence_async_shared();  // these ordinary stores are read next by the copy engine
-    hopper::named_barrier_sync(kEpilogueBarrier + consumer, 128);
+    hopper::named_barrier_sync(NamedBarrier::epilogue, consumer, 128);
     if (thread_in_group == 0) {
       for (int c = 0; c < T::kColumnBlocks; ++c) {
-        hopper::tma_store(&o_map, o_stage + (c * T::kBlockM + consumer * 64) * hopper::kSwizzleColumns,
-                          c * hopper::kSwizzleColumns, my_row0, tile.head, tile.batch);
+        hopper::tma_store(&o_map, smem.o + (c * T::kBlockM + consumer * 64) * kSwizzleColumns,
+                          c * kSwizzleColumns, my_row0, tile.head, tile.batch);
       }
-      hopper::tma_store_commit();
+      o_staging.commit();
     }
   }
   if (consumer == 0) wait_for_turn();  // the turn consumer 1 passed last: every arrival is met
-  if (thread_in_group == 0) hopper::tma_store_wait();  // shared memory must outlive the stores
+  if (thread_in_group == 0) o_staging.wait();  // shared memory must outlive the stores
 }
 
 // ---- Launch ---------------------------------------------------------------------------------
@@ -405,7 +381,8 @@ void launch_for(const attn::AttentionArgs& args) {
   const attn::TensorStrides qkv = attn::actual_strides(args.qkv_strides, args.heads, args.tokens, kHeadDim);
   const attn::TensorStrides o = attn::actual_strides(args.o_strides, args.heads, args.tokens, kHeadDim);
   auto map = [&](const __half* tensor, attn::TensorStrides strides, int box_rows) {
-    return hopper::tensor_map(tensor, args.batch, args.heads, args.tokens, kHeadDim, strides, box_rows);
+    return hopper::tensor_map(tensor, args.batch, args.heads, args.tokens, kHeadDim, strides, box_rows,
+                              T::kSwizzleColumns, hopper::tensor_map_swizzle(T::kSwizzle));
   };
   const CUtensorMap q_map = map(args.q, qkv, T::kBlockM);
   const CUtensorMap k_map = map(args.k, qkv, kBlockN);
@@ -413,16 +390,17 @@ void launch_for(const attn::AttentionArgs& args) {
   const CUtensorMap o_map = map(args.o, o, 64);
   auto kernel = warp_specialized_attention_kernel<T>;
   CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  int(T::kSharedBytes)));
+                                  int(kSharedBytes<T>)));
   int device = 0, sm_count = 0;
   CUDA_CHECK(cudaGetDevice(&device));
   CUDA_CHECK(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device));
   const int row_tiles = (args.tokens + T::kBlockM - 1) / T::kBlockM;
   const int64_t work_tiles = int64_t(row_tiles) * slices;
   if (work_tiles > INT32_MAX) throw attn::CudaError("v8: more than 2^31 work tiles");
-  const int blocks = int(std::min<int64_t>(work_tiles, sm_count));  // persistent: one per SM
+  int blocks = int(std::min<int64_t>(work_tiles, sm_count));  // persistent: one per SM
+  if (args.max_persistent_blocks > 0) blocks = std::min(blocks, args.max_persistent_blocks);
   const float scale_log2 = float(M_LOG2E / std::sqrt(double(kHeadDim)));
-  kernel<<<blocks, T::kThreads, T::kSharedBytes, args.stream>>>(
+  kernel<<<blocks, T::kThreads, kSharedBytes<T>, args.stream>>>(
       q_map, k_map, v_map, o_map, args.heads, args.tokens, row_tiles, int(work_tiles), scale_log2);
   CUDA_CHECK_LAUNCH();
 }
@@ -446,7 +424,7 @@ void launch_warp_specialized(const attn::AttentionArgs& args) {
 // Independent of N: two Q buffers, the O staging tile, the K and V stages.
 std::size_t shared_bytes_needed(const attn::Shape& shape) {
   std::size_t bytes = 0;
-  with_tile_shape(shape.head_dim, [&](auto tiles) { bytes = decltype(tiles)::kSharedBytes; });
+  with_tile_shape(shape.head_dim, [&](auto tiles) { bytes = kSharedBytes<decltype(tiles)>; });
   return bytes;
 }
 
@@ -455,4 +433,5 @@ std::size_t shared_bytes_needed(const attn::Shape& shape) {
 ATTN_REGISTER_STEP(attn::StepInfo{ATTN_STEP_ID,
                                   "warp specialized: TMA producer, 2 wgmma consumers, overlap",
                                   {64, 128}, 90, 90, shared_bytes_needed, launch_warp_specialized,
-                                  nullptr, attn::StepKind::step, /*takes_strides=*/true})
+                                  nullptr, attn::StepKind::step, /*takes_strides=*/true,
+                                  hopper::kPipelineReport})

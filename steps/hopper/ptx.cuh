@@ -1,8 +1,8 @@
-// Hopper's machinery for feeding the tensor cores, as thin wrappers over PTX (sm_90a), shared by
-// steps v7 and v8. Each wrapper is one instruction; chapter 09 explains them in order:
+// Hopper's instructions for feeding the tensor cores, as thin wrappers over PTX (sm_90a), shared
+// by the Hopper steps. Each wrapper is one instruction; chapter 09 explains them in order:
 //
-//   tensor maps        the host describes a [slices, tokens, D] tensor once; the copy engine (TMA)
-//                      then moves whole boxes of it, zero-filling rows past the end of a slice
+//   tensor maps        the host describes a [B, H, N, D] tensor once; the copy engine (TMA) then
+//                      moves whole boxes of it, zero-filling rows past the end of a slice
 //   mbarrier           a shared-memory barrier that counts arrivals and bytes: a TMA copy
 //                      "completes a transaction" on it, a waiting thread spins on its phase bit
 //   async proxy        TMA and wgmma read and write shared memory through the async proxy: ordinary
@@ -12,11 +12,9 @@
 //                      fp32 accumulators in registers; issued asynchronously, awaited in groups
 //   setmaxnreg         a warpgroup gives registers back to the pool, or takes them from it
 //
-// Tiles live in shared memory in the layout that TMA writes with CU_TENSOR_MAP_SWIZZLE_128B and
-// wgmma reads with 128-byte swizzled descriptors: 64-column blocks (128 bytes of fp16) of `rows`
-// rows each, and within each 8-row group of 1024 bytes the 16-byte chunk c of row r stored at
-// chunk c ^ (r % 8). Every tile starts on a 1024-byte boundary, so the pattern is the same for
-// the copy engine, the tensor cores and swizzled_offset() below.
+// The typed pieces built on them are beside this file: layout.cuh (the swizzled tile layout and
+// the matrix descriptors), pipeline.cuh (rings of stages, wgmma groups, the O staging buffer,
+// named barriers) and checked.cuh (what the checked build adds). Steps include hopper.cuh.
 #pragma once
 
 #include <cuda.h>  // CUtensorMap and its enums (types only: no libcuda link, see tensor_map())
@@ -32,18 +30,8 @@
 
 namespace hopper {
 
-// ---- Shared-memory addresses and the swizzled tile layout ------------------------------------
-
 __device__ __forceinline__ uint32_t shared_address(const void* pointer) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(pointer));
-}
-
-constexpr int kSwizzleColumns = 64;  // fp16 columns in one 128-byte swizzled row
-
-// Byte offset of element (row, column) in a tile of `rows` rows laid out as described above.
-__device__ __forceinline__ uint32_t swizzled_offset(int row, int column, int rows) {
-  const int block = column / kSwizzleColumns, chunk = (column % kSwizzleColumns) / 8;
-  return uint32_t(block * rows * 128 + row * 128 + ((chunk ^ (row % 8)) * 16) + (column % 8) * 2);
 }
 
 // ---- Step 6's two helpers: fp16 pairs for the A operand, and 2^x in one instruction ---------
@@ -78,11 +66,13 @@ inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
 
 // A [B, H, N, D] fp16 tensor whose rows of D values are contiguous (`strides` in elements:
 // between batches, heads and tokens; a packed view works as well as a contiguous tensor) as
-// boxes of box_rows tokens by 64 columns of one (b, h), 128-byte swizzled in shared memory. A
-// box that reaches past token N - 1 is zero-filled on loads and clipped on stores: tails need
-// no masks.
+// boxes of box_rows tokens by box_columns columns of one (b, h), swizzled in shared memory as
+// `swizzle` says (CU_TENSOR_MAP_SWIZZLE_128B, _64B or _32B; box_columns * 2 bytes must equal the
+// swizzle's width). A box that reaches past token N - 1 is zero-filled on loads and clipped on
+// stores: tails need no masks.
 inline CUtensorMap tensor_map(const __half* base, int batch, int heads, int tokens, int head_dim,
-                              attn::TensorStrides strides, int box_rows) {
+                              attn::TensorStrides strides, int box_rows, int box_columns,
+                              CUtensorMapSwizzle swizzle) {
   const bool aligned = reinterpret_cast<uintptr_t>(base) % 16 == 0 && strides.batch % 8 == 0 &&
                        strides.head % 8 == 0 && strides.token % 8 == 0;
   if (!aligned) {
@@ -94,11 +84,11 @@ inline CUtensorMap tensor_map(const __half* base, int batch, int heads, int toke
   const cuuint64_t byte_strides[3] = {cuuint64_t(strides.token) * sizeof(__half),  // dims 1, 2, 3
                                       cuuint64_t(strides.head) * sizeof(__half),
                                       cuuint64_t(strides.batch) * sizeof(__half)};
-  const cuuint32_t box[4] = {cuuint32_t(kSwizzleColumns), cuuint32_t(box_rows), 1, 1};
+  const cuuint32_t box[4] = {cuuint32_t(box_columns), cuuint32_t(box_rows), 1, 1};
   const cuuint32_t element_strides[4] = {1, 1, 1, 1};
   const CUresult result = tensor_map_encoder()(
       &map, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 4, const_cast<__half*>(base), dims, byte_strides,
-      box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+      box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle,
       CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (result != CUDA_SUCCESS) {
     throw attn::CudaError("cuTensorMapEncodeTiled failed (CUresult " + std::to_string(int(result)) +
@@ -133,18 +123,26 @@ __device__ __forceinline__ void mbarrier_arrive_expect_bytes(uint64_t* barrier, 
                : "memory");
 }
 
-// Waits until the phase with this parity has completed. A barrier starts in phase 0, and the
-// phase before it (parity 1) counts as complete: a producer's first wait for a free slot passes.
-__device__ __forceinline__ void mbarrier_wait(uint64_t* barrier, uint32_t parity) {
+// Whether the phase with this parity has completed; the instruction itself waits a little
+// (a hardware time limit) before it answers no. A barrier starts in phase 0, and the phase
+// before it (parity 1) counts as complete: a producer's first wait for a free slot passes.
+__device__ __forceinline__ bool mbarrier_try_wait(uint64_t* barrier, uint32_t parity) {
   uint32_t done = 0;
+  asm volatile(
+      "{\n.reg .pred complete;\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 complete, [%1], %2;\n"
+      "selp.u32 %0, 1, 0, complete;\n}\n"
+      : "=r"(done)
+      : "r"(shared_address(barrier)), "r"(parity)
+      : "memory");
+  return done != 0;
+}
+
+// Waits until the phase with this parity has completed.
+__device__ __forceinline__ void mbarrier_wait(uint64_t* barrier, uint32_t parity) {
+  bool done = false;
   do {
-    asm volatile(
-        "{\n.reg .pred complete;\n"
-        "mbarrier.try_wait.parity.shared::cta.b64 complete, [%1], %2;\n"
-        "selp.u32 %0, 1, 0, complete;\n}\n"
-        : "=r"(done)
-        : "r"(shared_address(barrier)), "r"(parity)
-        : "memory");
+    done = mbarrier_try_wait(barrier, parity);
   } while (!done);
 }
 
@@ -191,31 +189,16 @@ __device__ __forceinline__ void fence_async_shared() {
 
 // A barrier among `threads` threads (a multiple of 32) with id 1..15 (0 is __syncthreads):
 // sync waits until `threads` threads have arrived, counting itself; arrive counts itself and
-// goes on. Warpgroups that sync on each other's ids this way take turns (v8's ping-pong).
-__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
+// goes on. pipeline.cuh names the ids the steps use (NamedBarrier).
+__device__ __forceinline__ void bar_sync(uint32_t id, uint32_t threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
-__device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
+__device__ __forceinline__ void bar_arrive(uint32_t id, uint32_t threads) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
 // ---- wgmma ------------------------------------------------------------------------------------
-
-// The 64-bit shared-memory matrix descriptor: start address, leading and stride byte offsets
-// (each stored >> 4), and the swizzle mode (1 = 128-byte). For a K-major tile (rows of K
-// contiguous: Q and K) the stride byte offset is the distance between 8-row groups, 1024; the
-// leading offset is unused with this swizzle. For an MN-major tile (V: its rows are keys, the
-// k dimension of P V) the stride byte offset is the distance between 8-key groups, 1024, and the
-// leading byte offset the distance between 64-column blocks of N.
-__device__ __forceinline__ uint64_t matrix_descriptor(const void* tile, uint32_t leading_bytes,
-                                                      uint32_t stride_bytes) {
-  return uint64_t((shared_address(tile) & 0x3FFFF) >> 4) | (uint64_t(leading_bytes >> 4) << 16) |
-         (uint64_t(stride_bytes >> 4) << 32) | (uint64_t(1) << 62);
-}
-// The same descriptor moved `bytes` on (a multiple of 16; the start field is its low 14 bits).
-__device__ __forceinline__ uint64_t advance(uint64_t descriptor, uint32_t bytes) {
-  return descriptor + (bytes >> 4);
-}
+// The operands in shared memory are named by 64-bit matrix descriptors (layout.cuh).
 
 // Orders this warpgroup's register accesses before the wgmma that follow (accumulators, A).
 __device__ __forceinline__ void wgmma_fence() {

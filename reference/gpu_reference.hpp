@@ -1,0 +1,31 @@
+// The GPU reference: attention for every (b, h) slice, so that every output element of every
+// run is checked, not only the slices the CPU reference samples.
+//
+// Why this reference and not v0's kernel or cuBLAS: it must not share a step's weaknesses, and
+// its own error must be far below the tolerance (check.hpp) on every input the tests use. v0
+// rounds O to fp16 and sums in fp32; cuBLAS would round S to fp16 or need an N x N fp32 buffer,
+// and its fp16 GEMMs accumulate in the tensor cores' own way. The stress inputs (scores in the
+// hundreds) are the hard case: a score is a sum of D products of about 256 each, so an fp32 dot
+// product is off by ~5e-3 before the 1/sqrt(D) scale, and exp() turns that into a relative error
+// of ~6e-4 in P, a third of the 4u tolerance. So this kernel takes the fp16 inputs exactly,
+// multiplies and accumulates in fp64 (scores, the row maximum, the exponentials, the row sum and
+// P V), and rounds once, to fp32, at the end: its error is ~1e-7 relative, far below fp16's
+// u = 4.9e-4. One warp per query row, plain loads: simple enough to trust at a glance, and fast
+// enough (tens of milliseconds at the largest tested shapes on an H100).
+#pragma once
+
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include "problem.hpp"
+
+namespace attn {
+
+// O = softmax(Q K^T / sqrt(D)) V for every slice of `shape`, from device [B, H, N, D] fp16
+// contiguous tensors into `out` (device, [B, H, N, D] fp32), on `stream`. Any N >= 1, D <= 256.
+void launch_gpu_reference(const __half* q, const __half* k, const __half* v, float* out,
+                          const Shape& shape, cudaStream_t stream);
+
+constexpr int kGpuReferenceMaxHeadDim = 256;
+
+}  // namespace attn

@@ -1,0 +1,238 @@
+// The checked build of the asynchronous pipeline (cmake -DATTN_CHECKED_PIPELINE=ON).
+//
+// compute-sanitizer's racecheck does not see the copy engine or the tensor cores, so the races a
+// Hopper kernel can have (a stage read before its copy landed, a stage refilled while wgmma still
+// reads it, a staging buffer rewritten under a TMA store) pass it, and usually pass the result
+// check too: they need unlucky timing to show. In the checked build the pieces of pipeline.cuh
+// keep the state the protocol implies and test every rule where it can be broken, on every run:
+//
+//   read-before-full      a consumer reads a stage it has not acquired by a wait on the stage's
+//                         full barrier in this use (or reads it after releasing it)
+//   release-before-wgmma  a consumer releases a stage while a committed wgmma group that reads
+//                         it has not been waited for
+//   staging-busy          a thread writes the O staging buffer while a TMA store from it may still
+//                         be reading: the storing thread did not wait for the store's reads, or
+//                         the writers did not wait for that thread (one thread waits, all write)
+//   refill-before-release the producer arms a stage for a new use before the consumers released
+//                         it (no wait on its empty barrier for this use)
+//   watchdog              a wait that does not complete within 2 s (a wrong parity, a wrong byte
+//                         count, a missing arrive): named instead of hanging
+//
+// The first violation of a launch is kept in a record on the device, printed by the thread that
+// broke the rule, and read back by the harness after the run (StepInfo::pipeline_report), so
+// the test or the step's check fails with the same one line. A violation does not change what
+// the kernel does; a watchdog's does: from then on every wait gives up at once, so the kernel
+// ends (with a wrong result) instead of hanging. Normal builds compile all of it away.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <optional>
+#include <string>
+
+#include "cuda_check.hpp"
+#include "hopper/ptx.cuh"
+#include "step.hpp"
+
+#ifndef ATTN_CHECKED_PIPELINE
+#define ATTN_CHECKED_PIPELINE 0
+#endif
+#ifndef ATTN_STEP_ID
+#define ATTN_STEP_ID "step"
+#endif
+
+namespace hopper {
+
+// What a rule names. The O staging buffer's "slot" is the warpgroup that owns it.
+enum class Buffer : int { q, k, v, kv, o_staging };
+enum class Barrier : int { full, empty };
+enum class Rule : int {
+  none = 0,
+  read_before_full,
+  release_before_wgmma,
+  staging_busy,
+  refill_before_release,
+  watchdog,
+};
+
+constexpr uint64_t kWatchdogNanoseconds = 2'000'000'000;
+
+// The first violation of a run: what, where, and who.
+struct Violation {
+  int rule = 0;  // Rule
+  int buffer = 0, barrier = 0, slot = 0, use = 0;
+  uint32_t parity = 0;
+  int block = 0, thread = 0;
+  int give_up = 0;  // set by the watchdog: every checked wait returns at once
+};
+
+// One line of text, built the same way on the device (printf) and the host (the harness).
+struct Line {
+  char text[320] = {};
+  int length = 0;
+  __host__ __device__ void append(const char* piece) {
+    while (*piece != '\0' && length < int(sizeof text) - 1) text[length++] = *piece++;
+  }
+  __host__ __device__ void append(long long value) {
+    char digits[24];
+    int count = 0;
+    unsigned long long magnitude = value < 0 ? 0ull - (unsigned long long)value : value;
+    do {
+      digits[count++] = char('0' + magnitude % 10);
+      magnitude /= 10;
+    } while (magnitude != 0);
+    if (value < 0) append("-");
+    while (count > 0) {
+      const char digit[2] = {digits[--count], '\0'};
+      append(digit);
+    }
+  }
+};
+
+__host__ __device__ inline const char* buffer_name(int buffer) {
+  switch (Buffer(buffer)) {
+    case Buffer::q: return "Q";
+    case Buffer::k: return "K";
+    case Buffer::v: return "V";
+    case Buffer::kv: return "K/V";
+    case Buffer::o_staging: return "O staging";
+  }
+  return "?";
+}
+
+// "v8: pipeline rule release-before-wgmma broken in block 3, thread 130: released K slot 1
+// (use 5) while a committed wgmma group that reads it had not been waited for"
+__host__ __device__ inline void describe(const Violation& v, const char* step, Line& line) {
+  static const char* const kNames[] = {"none", "read-before-full", "release-before-wgmma",
+                                       "staging-busy", "refill-before-release", "watchdog"};
+  line.append(step);
+  line.append(": pipeline rule ");
+  line.append(kNames[v.rule >= 0 && v.rule <= 5 ? v.rule : 0]);
+  line.append(" broken in block ");
+  line.append((long long)v.block);
+  line.append(", thread ");
+  line.append((long long)v.thread);
+  line.append(": ");
+  auto stage = [&] {
+    line.append(buffer_name(v.buffer));
+    line.append(" slot ");
+    line.append((long long)v.slot);
+    line.append(" (use ");
+    line.append((long long)v.use);
+    line.append(")");
+  };
+  switch (Rule(v.rule)) {
+    case Rule::read_before_full:
+      line.append("read ");
+      stage();
+      line.append(" without a wait on its full barrier in this use");
+      break;
+    case Rule::release_before_wgmma:
+      line.append("released ");
+      stage();
+      line.append(" while a committed wgmma group that reads it had not been waited for");
+      break;
+    case Rule::staging_busy:
+      line.append("wrote the O staging buffer of warpgroup ");
+      line.append((long long)v.slot);
+      line.append(" while a TMA store from it may still be reading it (wait for the store's "
+                  "reads, then a barrier of the writers, before writing)");
+      break;
+    case Rule::refill_before_release:
+      line.append("armed ");
+      stage();
+      line.append(" for a new copy before the consumers released it (no wait on its empty "
+                  "barrier for this use)");
+      break;
+    case Rule::watchdog:
+      line.append("the ");
+      line.append(v.barrier == int(Barrier::full) ? "full" : "empty");
+      line.append(" barrier of ");
+      stage();
+      line.append(", parity ");
+      line.append((long long)v.parity);
+      line.append(", did not complete within 2 s: a wrong parity, a wrong byte count or a "
+                  "missing arrive");
+      break;
+    case Rule::none: break;
+  }
+}
+
+#if ATTN_CHECKED_PIPELINE
+namespace {  // one record per step file, so each step reports its own violations
+
+__device__ Violation violation;
+
+__device__ __forceinline__ uint64_t global_time_ns() {
+  uint64_t now;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+  return now;
+}
+
+// Keeps the first violation of the run and prints it; later ones are dropped.
+__device__ __noinline__ void report(Rule rule, Buffer buffer, Barrier barrier, int slot, int use,
+                                    uint32_t parity) {
+  if (rule == Rule::watchdog) atomicExch(&violation.give_up, 1);
+  if (atomicCAS(&violation.rule, 0, int(rule)) != 0) return;
+  violation.buffer = int(buffer);
+  violation.barrier = int(barrier);
+  violation.slot = slot;
+  violation.use = use;
+  violation.parity = parity;
+  violation.block = int(blockIdx.x);
+  violation.thread = int(threadIdx.x);
+  __threadfence();
+  Violation copy = violation;
+  copy.rule = int(rule);
+  Line line;
+  describe(copy, ATTN_STEP_ID, line);
+  printf("%s\n", line.text);
+}
+
+__device__ __forceinline__ void check(bool holds, Rule rule, Buffer buffer, int slot, int use) {
+  if (!holds) report(rule, buffer, Barrier::full, slot, use, 0);
+}
+
+// The host's half: the first violation since the last call, as one line, and a clean record.
+std::optional<std::string> take_violation() {
+  Violation found{};
+  CUDA_CHECK(cudaMemcpyFromSymbol(&found, violation, sizeof found));
+  if (found.rule == 0 && found.give_up == 0) return std::nullopt;
+  const Violation cleared{};
+  CUDA_CHECK(cudaMemcpyToSymbol(violation, &cleared, sizeof cleared));
+  Line line;
+  describe(found, ATTN_STEP_ID, line);
+  return std::string(line.text);
+}
+
+}  // namespace
+#endif
+
+// Waits for the phase of `barrier` with this parity. The checked build bounds the wait.
+__device__ __forceinline__ void wait_phase(uint64_t* barrier, uint32_t parity, Buffer buffer,
+                                           Barrier which, int slot, int use) {
+#if ATTN_CHECKED_PIPELINE
+  const uint64_t start = global_time_ns();
+  while (!mbarrier_try_wait(barrier, parity)) {
+    if (*static_cast<volatile int*>(&violation.give_up) != 0) return;
+    if (global_time_ns() - start > kWatchdogNanoseconds) {
+      report(Rule::watchdog, buffer, which, slot, use, parity);
+      return;
+    }
+  }
+#else
+  (void)buffer, (void)which, (void)slot, (void)use;
+  mbarrier_wait(barrier, parity);
+#endif
+}
+
+// What a step puts in its StepInfo: the report in the checked build, none otherwise.
+#if ATTN_CHECKED_PIPELINE
+constexpr attn::PipelineReportFn kPipelineReport = take_violation;
+#else
+constexpr attn::PipelineReportFn kPipelineReport = nullptr;
+#endif
+
+}  // namespace hopper
