@@ -235,6 +235,8 @@ int run(const BenchOptions& options) {
             record.check = result.check;
             record.status = status_of(result.check);
             any_failed = any_failed || (result.check.checked && !result.check.passed);
+          } catch (const GpuHang&) {
+            throw;  // the kernel still runs: waiting for the device below would never return
           } catch (const CudaError& error) {
             // Out of memory for this shape (the eager baseline's N x N scores, say): record
             // and go on, unless the device itself is broken.

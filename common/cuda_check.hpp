@@ -15,6 +15,13 @@ class CudaError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// GPU work that did not finish within its limit (a kernel waiting on a barrier no one completes).
+// The kernel still runs, so the GPU stays busy: nothing that waits for the device may follow.
+class GpuHang : public CudaError {
+ public:
+  using CudaError::CudaError;
+};
+
 [[noreturn]] void throw_cuda_error(cudaError_t status, const char* call, const char* file, int line);
 [[noreturn]] void throw_cublas_error(cublasStatus_t status, const char* call, const char* file,
                                      int line);

@@ -1,5 +1,7 @@
 #include <algorithm>
 #include <cstdio>
+#include <map>
+#include <string>
 
 #include "cuda_check.hpp"
 #include "device_buffer.hpp"
@@ -10,9 +12,25 @@ namespace attn {
 namespace {
 
 constexpr int kMaxBufferSets = 8;
-// One launch of the slowest step at the largest tested shape takes seconds; two minutes means
-// the kernel will not finish (an unfinished warp-specialized exercise waits forever).
-constexpr double kCheckedRunLimitSeconds = 120;
+
+// How long the checked run (and the GPU reference) may take before it counts as a hang (an
+// unfinished warp-specialized exercise waits forever): 10 s, plus the shape's FLOPs at 0.01
+// TFLOP/s, a tenth of the slowest step's rate (v0: 0.12 TFLOP/s at D = 64 on an H100, half that
+// at D = 128). 10 s for the tests' small shapes, 20 s at (32, 12, 1025, 64), 38 s at the
+// longest tested shape, (1, 2, 16385, 128).
+double checked_run_limit_seconds(const Shape& shape) { return 10.0 + shape.flops() / 1e10; }
+
+// After a hang the kernel still occupies the GPU, so every later run in this process would hang
+// too: they fail at once with the first one's reason. A checked pipeline build's watchdog ends
+// its kernel instead, but the step hangs on every input: its later runs fail at once as well.
+std::string& gpu_hang_reason() {
+  static std::string reason;
+  return reason;
+}
+std::map<std::string, std::string>& hung_steps() {
+  static std::map<std::string, std::string> steps;
+  return steps;
+}
 
 std::string gibibytes(double bytes) {
   char text[32];
@@ -78,12 +96,33 @@ static void take_pipeline_violation(const StepInfo& step, CheckResult& check) {
     check.passed = false;
     if (check.pipeline_violation.empty()) check.pipeline_violation = *violation;
     check.worst = check.pipeline_violation;
+    if (violation->find("pipeline rule watchdog") != std::string::npos) {
+      hung_steps().emplace(step.id, *violation);
+    }
+  }
+}
+
+// Waits for `stream`; a hang is remembered for every later run of this process.
+static void synchronize_or_remember(cudaStream_t stream, double limit_seconds) {
+  try {
+    synchronize_within(stream, limit_seconds);
+  } catch (const GpuHang& hang) {
+    gpu_hang_reason() = hang.what();
+    throw;
   }
 }
 
 RunResult run_step(const StepInfo& step, const HostTensors& inputs, const Reference* reference,
                    const RunConfig& config) {
+  if (!gpu_hang_reason().empty()) {
+    throw GpuHang("not run: an earlier kernel of this process never finished and still occupies "
+                  "the GPU (" + gpu_hang_reason() + ")");
+  }
   const Shape& shape = inputs.shape;
+  if (const auto hung = hung_steps().find(step.id); hung != hung_steps().end()) {
+    // The checked build's watchdog ended it; it would only hang again.
+    throw CudaError("not run: an earlier run of " + step.id + " hung: " + hung->second);
+  }
   const std::size_t count = std::size_t(shape.elements());
   const std::size_t set_bytes = 4 * count * sizeof(__half);
 
@@ -122,7 +161,7 @@ RunResult run_step(const StepInfo& step, const HostTensors& inputs, const Refere
   CUDA_CHECK(cudaMemsetAsync(device_sets[0].o.data(), 0xFF, count * sizeof(__half), stream));
   step.launch(args_for(device_sets[0], shape, workspace.data(), stream, config.max_persistent_blocks));
   CUDA_CHECK_LAUNCH();
-  synchronize_within(stream, kCheckedRunLimitSeconds);
+  synchronize_or_remember(stream, checked_run_limit_seconds(shape));
   result.output.resize(count);
   CUDA_CHECK(cudaMemcpy(result.output.data(), device_sets[0].o.data(), count * sizeof(__half),
                         cudaMemcpyDeviceToHost));
@@ -132,7 +171,7 @@ RunResult run_step(const StepInfo& step, const HostTensors& inputs, const Refere
       DeviceBuffer<float> gpu_reference(count);
       launch_gpu_reference(device_sets[0].q.data(), device_sets[0].k.data(),
                            device_sets[0].v.data(), gpu_reference.data(), shape, stream);
-      synchronize_within(stream, kCheckedRunLimitSeconds);
+      synchronize_or_remember(stream, checked_run_limit_seconds(shape));
       all_slices.resize(count);
       CUDA_CHECK(cudaMemcpy(all_slices.data(), gpu_reference.data(), count * sizeof(float),
                             cudaMemcpyDeviceToHost));
@@ -141,7 +180,7 @@ RunResult run_step(const StepInfo& step, const HostTensors& inputs, const Refere
   }
   take_pipeline_violation(step, result.check);
 
-  if (config.time) {
+  if (config.time && hung_steps().count(step.id) == 0) {
     result.timing = time_launches(
         [&](int run) {
           step.launch(args_for(device_sets[run % sets], shape, workspace.data(), stream,

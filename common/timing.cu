@@ -40,8 +40,8 @@ void synchronize_within(cudaStream_t stream, double limit_seconds) {
     if (status != cudaErrorNotReady) CUDA_CHECK(status);
     const std::chrono::duration<double> waited = std::chrono::steady_clock::now() - start;
     if (waited.count() > limit_seconds) {
-      throw CudaError("the GPU work did not finish within " + std::to_string(int(limit_seconds)) +
-                      " s: a kernel that never ends (a barrier no thread completes?)");
+      throw GpuHang("the GPU work did not finish within " + std::to_string(int(limit_seconds)) +
+                    " s: a kernel that never ends (a barrier no thread completes?)");
     }
     std::this_thread::sleep_for(std::chrono::microseconds(200));
   }

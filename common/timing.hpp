@@ -20,7 +20,7 @@ double median(std::vector<double> values);
 TimingStats summarize(const std::vector<double>& durations_us, int warmup);
 
 // Waits for the work queued on `stream`, at most `limit_seconds`: a kernel that never ends (a
-// deadlock: a barrier no one completes) becomes a CudaError that says so, not a hang.
+// deadlock: a barrier no one completes) becomes a GpuHang that says so, not a hang.
 void synchronize_within(cudaStream_t stream, double limit_seconds);
 
 // Runs launch(i) for i = 0, 1, ... on `stream`: `warmup` times untimed, then `iters` times

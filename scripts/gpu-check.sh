@@ -9,6 +9,11 @@
 # Stages, in this order (STAGES picks a subset, comma or space separated):
 #   info       GPU, driver, toolkit, torch, the build and the date      -> info.txt
 #   tests      ctest -L gpu (JUnit too)                                  -> tests.log, tests_junit.xml
+#   checked    the GPU suites of the Hopper steps (CHECKED_STEPS) in the checked build of the
+#              asynchronous pipeline (CHECKED_BUILD_DIR, configured with -DATTN_CHECKED_PIPELINE=ON):
+#              the shipped steps break no protocol rule                  -> checked.log
+#   planted    scripts/plant_bugs.py --run-only on the copies built in PLANTED_DIR: every planted
+#              bug is caught by the normal suite or the checked build    -> planted.csv, planted.txt
 #   sanitizer  memcheck + racecheck on every stepN at tail shapes (D = 64, 80, 128)      -> sanitizer.log, sanitizer/
 #   bench      N = 197,577,1025 (all steps, baselines), then N = 2049..16385 for the steps
 #              with no N limit (v0 excluded)                             -> bench_vit.csv, bench_long.csv
@@ -23,7 +28,11 @@
 #                                  -> vit_end_to_end.csv, vit_end_to_end_kernels.csv, vit_end_to_end_info.txt
 # Environment:
 #   BUILD_DIR            the build folder (default: build)
-#   STAGES               default: info tests sanitizer bench profile pytorch vit
+#   CHECKED_BUILD_DIR    the checked build's folder, gpu_tests built (default: build-checked)
+#   CHECKED_STEPS        the steps the checked stage runs (default: v7 v8)
+#   PLANTED_DIR          where scripts/plant_bugs.py --build-only wrote its binaries (default:
+#                        stage/planted)
+#   STAGES               default: info tests checked planted sanitizer bench profile pytorch vit
 #   PYTHON               interpreter for profile, pytorch and vit (default: python3)
 #   VIT_ARGS             more arguments for scripts/vit_end_to_end.py (e.g. --quick)
 #   COMPUTE_SANITIZER    compute-sanitizer to use (default: PATH, then $CUDA_HOME/bin, /usr/local/cuda/bin)
@@ -60,13 +69,17 @@ repo_root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$repo_root"
 BUILD_DIR=${BUILD_DIR:-build}
 [ -d "$BUILD_DIR" ] && BUILD_DIR=$(cd "$BUILD_DIR" && pwd)
+CHECKED_BUILD_DIR=${CHECKED_BUILD_DIR:-build-checked}
+[ -d "$CHECKED_BUILD_DIR" ] && CHECKED_BUILD_DIR=$(cd "$CHECKED_BUILD_DIR" && pwd)
+CHECKED_STEPS=${CHECKED_STEPS:-v7 v8}
+PLANTED_DIR=${PLANTED_DIR:-stage/planted}
 PYTHON=${PYTHON:-python3}
 SANITIZER_JOBS=${SANITIZER_JOBS:-4}
 LONG_SHAPE_BUDGET_S=${LONG_SHAPE_BUDGET_S:-25}
 TEST_JOBS=${TEST_JOBS:-4}
 TIME_LIMIT_S=${TIME_LIMIT_S:-540}
 
-all_stages=(info tests sanitizer bench profile pytorch vit)
+all_stages=(info tests checked planted sanitizer bench profile pytorch vit)
 IFS=', ' read -r -a stages <<< "${STAGES:-${all_stages[*]}}"  # "a,b" and "a b" both work
 for stage in "${stages[@]}"; do
   case " ${all_stages[*]} " in
@@ -256,6 +269,43 @@ stage_tests() {
   [ "$failed" -eq 0 ] || return 1
   [ "$skipped" -eq 0 ] || return "$kPassedWithSkips"
   return 0
+}
+
+stage_checked() {
+  [ -x "$CHECKED_BUILD_DIR/gpu_tests" ] ||
+    { echo "no $CHECKED_BUILD_DIR/gpu_tests: cmake -B $CHECKED_BUILD_DIR -DATTN_CHECKED_PIPELINE=ON && cmake --build $CHECKED_BUILD_DIR --target gpu_tests"; return 1; }
+  grep -q '^ATTN_CHECKED_PIPELINE:BOOL=ON' "$CHECKED_BUILD_DIR/CMakeCache.txt" 2>/dev/null ||
+    { echo "$CHECKED_BUILD_DIR is not configured with -DATTN_CHECKED_PIPELINE=ON"; return 1; }
+  local id rc failed=0 skipped=0 reason
+  for id in $CHECKED_STEPS; do
+    rc=0
+    timeout "$(limit 600)" "$CHECKED_BUILD_DIR/gpu_tests" "--step=$id" > "$OUTDIR/checked_$id.log" 2>&1 || rc=$?
+    reason=$(grep -m 1 '^SKIPPED: ' "$OUTDIR/checked_$id.log" || true)
+    case $rc in
+      0) echo "checked build: gpu_tests --step=$id passed: $(grep -m 1 'test cases:' "$OUTDIR/checked_$id.log")" ;;
+      77)
+        if is_capability_skip "$reason"; then echo "skipped: checked $id: ${reason#SKIPPED: }"; skipped=1
+        else echo "checked build: $id FAILED: skipped with a GPU present: $reason"; failed=1; fi ;;
+      *)
+        echo "checked build: gpu_tests --step=$id FAILED (exit $rc):"
+        grep -m 3 'pipeline rule' "$OUTDIR/checked_$id.log" || true
+        tail -n 20 "$OUTDIR/checked_$id.log"
+        failed=1 ;;
+    esac
+  done
+  [ "$failed" -eq 0 ] || return 1
+  [ "$skipped" -eq 0 ] || return "$kPassedWithSkips"
+}
+
+stage_planted() {
+  [ -x "$PLANTED_DIR/gpu_tests_planted" ] ||
+    { echo "no $PLANTED_DIR/gpu_tests_planted: run scripts/plant_bugs.py --build-only --out $PLANTED_DIR first"; return 1; }
+  local rc=0
+  timeout "$(limit 420)" "$PYTHON" scripts/plant_bugs.py --run-only --out "$PLANTED_DIR" || rc=$?
+  cp "$PLANTED_DIR/planted.csv" "$PLANTED_DIR/planted.txt" "$OUTDIR/" 2>/dev/null || true
+  mkdir -p "$OUTDIR/planted_logs"
+  cp "$PLANTED_DIR"/logs/*.log "$OUTDIR/planted_logs/" 2>/dev/null || true
+  return "$rc"
 }
 
 # One sanitizer run; its result is one line in $result_file: "step tool shape result".
@@ -477,10 +527,12 @@ stage_vit() {
 # ---- driver ----------------------------------------------------------------------------------
 
 declare -A stage_file=(
-  [info]=info.txt [tests]=tests.log [sanitizer]=sanitizer.log [bench]=bench.log
+  [info]=info.txt [tests]=tests.log [checked]=checked.log [planted]=planted.log
+  [sanitizer]=sanitizer.log [bench]=bench.log
   [profile]=profile.log [pytorch]=pytorch.log [vit]=vit.log)
 declare -A stage_results=(
-  [info]="" [tests]=tests_junit.xml [sanitizer]=sanitizer/ [bench]="bench_vit.csv bench_long.csv"
+  [info]="" [tests]=tests_junit.xml [checked]="" [planted]="planted.csv planted.txt"
+  [sanitizer]=sanitizer/ [bench]="bench_vit.csv bench_long.csv"
   [profile]="profile.csv profile/" [pytorch]="pytorch.csv pytorch_info.txt"
   [vit]="vit_end_to_end.csv vit_end_to_end_kernels.csv vit_end_to_end_info.txt")
 

@@ -4,9 +4,12 @@
 #   scripts/grade.sh [options] [STEP ...]        STEP: 3 or v3; default: every steps/vN_*/
 #
 # For each step: configures and builds in its own build folder, runs `ctest -L stepN`, runs
-# compute-sanitizer memcheck and racecheck on stepN at a small tail shape, and, when the step
-# is built from a student's file, times it against the shipped solution at N = 577 (bench,
-# ratio of medians). Prints a table and writes a JSON report in Gradescope's results.json
+# compute-sanitizer memcheck and racecheck on stepN at a small tail shape, for a Hopper step
+# (one that includes steps/hopper/) runs its GPU suite again in the checked build of the
+# asynchronous pipeline (a second folder, DIR-checked, configured with
+# -DATTN_CHECKED_PIPELINE=ON: a race the sanitizer cannot see fails there with the rule it
+# broke), and, when the step is built from a student's file, times it against the shipped
+# solution at N = 577 (bench, ratio of medians). Prints a table and writes a JSON report in Gradescope's results.json
 # form (docs/grading.md gives its schema). Without a usable GPU the GPU parts are reported as
 # skipped and score nothing; so are a step's on a GPU outside its compute capability range (the
 # Hopper steps on any other GPU), with that reason.
@@ -18,11 +21,12 @@
 #                          earlier run is cleared).
 #   --build-dir DIR        where to configure and build (default: build-grade/ in the repo)
 #   --json FILE            where to write the report (default: DIR/results.json)
-#   --no-build             grade DIR as it was configured and built, sources included: for a
-#                          build made on one machine and run on another
+#   --no-build             grade DIR (and DIR-checked) as configured and built, sources
+#                          included: for a build made on one machine and run on another
 #   -h, --help             this text
 # Environment: STEP<N>_SOURCE (above); COMPUTE_SANITIZER, the compute-sanitizer to use
-# (default: PATH, then $CUDA_HOME/bin, /usr/local/cuda/bin, /opt/cuda/bin).
+# (default: PATH, then $CUDA_HOME/bin, /usr/local/cuda/bin, /opt/cuda/bin); SANITIZER_TIMEOUT_S,
+# the limit of one sanitizer run and of the checked build's suite (default 1800).
 #
 # Exit codes: 0 every part ran and passed; 1 graded, and something failed (a test, the
 # sanitizer, a file that does not compile); 2 usage error; 3 could not grade (configure
@@ -40,7 +44,7 @@ say() { echo "grade.sh: $*" >&2; }
 # power-of-two tile size); --no-ceilings leaves the step's kernels the only ones that run, so
 # the sanitizer checks all of them and nothing else. The speed comparison runs at N = 577.
 sanitizer_arguments=(--tokens 65 --batch 2 --heads 3 --iters 1 --warmup 0 --check full --no-ceilings)
-sanitizer_timeout_s=1800
+sanitizer_timeout_s=${SANITIZER_TIMEOUT_S:-1800}
 speed_tokens=577
 
 # Every step the repository has, as CMake finds them: steps/vN_<idea>/.
@@ -52,6 +56,8 @@ done
 [ "${#available_steps[@]}" -gt 0 ] || fail_runtime "no steps/vN_*/ folders in $repo_root"
 mapfile -t available_steps < <(printf '%s\n' "${available_steps[@]}" | sort -n)
 is_step() { printf '%s\n' "${available_steps[@]}" | grep -qx "$1"; }
+# A Hopper step: its shipped file includes the pipeline of steps/hopper/, which has a checked build.
+is_hopper_step() { grep -q '^#include "hopper/' "$repo_root"/steps/v"$1"_*/*.cu; }
 
 build_dir="$repo_root/build-grade"
 json_path=""
@@ -94,6 +100,11 @@ if [ "$no_build" = 1 ]; then
   for program in gpu_tests bench "${steps[@]/#/step}"; do
     [ -x "$build_dir/$program" ] || fail_runtime "--no-build: $build_dir has no $program; build it first"
   done
+  for step in "${steps[@]}"; do
+    if is_hopper_step "$step" && [ ! -x "$build_dir-checked/gpu_tests" ]; then
+      fail_runtime "--no-build: step $step is a Hopper step and $build_dir-checked has no gpu_tests; build it first"
+    fi
+  done
 else
   configure_arguments=()
   for step in "${available_steps[@]}"; do
@@ -109,6 +120,7 @@ else
   mkdir -p "$build_dir"
 fi
 build_dir="$(cd "$build_dir" && pwd)"
+checked_dir="$build_dir-checked"  # the checked pipeline build, for the Hopper steps
 [ -n "$json_path" ] || json_path="$build_dir/results.json"
 work_dir="$build_dir/grading"  # raw results of this run, read by grade_report.py
 rm -rf "$work_dir"
@@ -129,9 +141,24 @@ if [ "$no_build" = 0 ]; then
     say "the build failed; see $work_dir/build.log"
     touch "$work_dir/build.failed"
   fi
+  for step in "${steps[@]}"; do
+    is_hopper_step "$step" || continue
+    [ -e "$work_dir/build.failed" ] && break
+    say "configuring and building the checked pipeline build in $checked_dir"
+    # Hopper alone (90): the checked build only ever runs there.
+    if ! { cmake -S "$repo_root" -B "$checked_dir" -DBUILD_TESTING=ON -DATTN_CHECKED_PIPELINE=ON \
+             -DCMAKE_CUDA_ARCHITECTURES=90 \
+             "${configure_arguments[@]}" && cmake --build "$checked_dir" -j "$(nproc)" --target gpu_tests; } \
+         >> "$work_dir/build.log" 2>&1; then
+      say "the checked build failed; see $work_dir/build.log"
+      touch "$work_dir/build.failed"
+    fi
+    break
+  done
 fi
 for step in "${steps[@]}"; do
   printf '%s' "${step_source[$step]}" > "$work_dir/step$step.source"
+  if is_hopper_step "$step"; then touch "$work_dir/step$step.hopper"; fi
 done
 
 # A usable GPU: nvidia-smi sees one, and the CUDA runtime does too (the GPU suite's own device
@@ -190,6 +217,19 @@ for step in "${steps[@]}"; do
       echo "$tool_status" > "$part.rc"
     fi
   done
+
+  if is_hopper_step "$step"; then
+    part="$work_dir/step$step.checked"
+    if [ -n "$step_reason" ]; then
+      echo "$step_reason" > "$part.skipped"
+    else
+      say "step $step: the GPU suite in the checked pipeline build"
+      checked_status=0
+      timeout "$sanitizer_timeout_s" "$checked_dir/gpu_tests" --step="v$step" > "$part.log" 2>&1 ||
+        checked_status=$?
+      echo "$checked_status" > "$part.rc"
+    fi
+  fi
 
   part="$work_dir/step$step.speed"
   if [ -n "${step_source[$step]}" ]; then

@@ -8,13 +8,17 @@ grade.sh runs things and records what happened in its work folder, one set of fi
   stepN.junit.xml, stepN.ctest.log   ctest -L stepN --output-junit
   stepN.<tool>.rc, .log              compute-sanitizer --tool <tool> (memcheck, racecheck)
   stepN.speed.rc, .log, .csv         bench --steps vN,vN_ref --tokens 577
+  stepN.hopper                       the step is a Hopper step (it includes steps/hopper/)
+  stepN.checked.rc, .log             its GPU suite in the checked build of the asynchronous
+                                     pipeline
   stepN.<part>.skipped               the part did not run; the file says why
 This script turns them into a table on stdout and a JSON report in Gradescope's results.json
 form (schema: scripts/grade_results.schema.json, described in docs/grading.md), and exits
 0 (all passed), 1 (something failed) or 4 (nothing failed, something skipped).
 
-Scoring: each ctest test of the step and each sanitizer tool is worth one point; the speed
-comparison is reported with no points (a course that grades speed reads speed_vs_shipped).
+Scoring: each ctest test of the step, each sanitizer tool and, for a Hopper step, the checked
+pipeline build's suite is worth one point; the speed comparison is reported with no points (a
+course that grades speed reads speed_vs_shipped).
 A skipped part scores 0 of its points: skipped is never passed.
 """
 import argparse
@@ -135,6 +139,29 @@ def sanitizer_test(work_dir, step, tool, build_failed, command):
     return make_test(name, 1, "failed", f"{command}\n{verdict}\n{excerpt}", tags)
 
 
+def checked_test(work_dir, step, build_failed):
+    """A Hopper step's GPU suite in the checked build: the protocol rule broken, if any."""
+    if not (work_dir / f"step{step}.hopper").exists():
+        return None  # not a Hopper step: it has no checked build
+    part = work_dir / f"step{step}.checked"
+    name = f"step{step} checked pipeline"
+    tags = ["gpu", f"step{step}", "checked"]
+    if build_failed:
+        return make_test(name, 1, "failed", "not run: the build failed", tags)
+    skipped = Path(f"{part}.skipped")
+    if skipped.exists():
+        return make_test(name, 1, "skipped", "SKIPPED: " + read(skipped).strip(), tags)
+    code = int(read(Path(f"{part}.rc")).strip())
+    log = read(Path(f"{part}.log"))
+    command = f"gpu_tests --step=v{step} in the checked build (-DATTN_CHECKED_PIPELINE=ON)"
+    if code == 0:
+        return make_test(name, 1, "passed", f"{command}: no protocol rule broken", tags)
+    rules = [line for line in log.splitlines() if "pipeline rule" in line]
+    verdict = "timed out" if code == TIMEOUT_EXIT else f"exited with code {code}"
+    details = "\n".join(dict.fromkeys(rules)) if rules else clip(log, 3000)
+    return make_test(name, 1, "failed", f"{command} {verdict}\n{details}", tags)
+
+
 def speed_test(work_dir, step, tokens, build_failed):
     """The student's step against the shipped one (vN_ref): no points, a measurement."""
     name = f"step{step} speed vs shipped at N={tokens}"
@@ -196,9 +223,11 @@ def main():
                                            f"compute-sanitizer --tool {tool} step{step} "
                                            f"{args.sanitizer_arguments}")
                       for tool in SANITIZER_TOOLS}
+        checked = checked_test(work_dir, step, build_failed)
         speed, ratio = speed_test(work_dir, step, args.speed_tokens, build_failed) if source \
             else (None, None)
-        tests += step_tests + list(sanitizers.values()) + ([speed] if speed else [])
+        tests += (step_tests + list(sanitizers.values()) + ([checked] if checked else []) +
+                  ([speed] if speed else []))
 
         passed = sum(t["status"] == "passed" for t in step_tests)
         skipped = sum(t["status"] == "skipped" for t in step_tests)
@@ -206,15 +235,17 @@ def main():
             "step": f"v{step}", "source": source or "shipped",
             "tests_passed": passed, "tests_total": len(step_tests), "tests_skipped": skipped,
             **{tool: sanitizers[tool]["status"] for tool in SANITIZER_TOOLS},
+            "checked_pipeline": checked["status"] if checked else "not applicable",
             "speed_vs_shipped": ratio,
             "speed_status": speed["status"] if speed else "not applicable",
         })
         speed_cell = f"{ratio:.2f}x" if ratio is not None else ("-" if speed is None else cell(speed))
         rows.append([f"v{step}", Path(source).name if source else "shipped",
                      f"{passed}/{len(step_tests)}", str(skipped),
-                     cell(sanitizers["memcheck"]), cell(sanitizers["racecheck"]), speed_cell])
+                     cell(sanitizers["memcheck"]), cell(sanitizers["racecheck"]), cell(checked),
+                     speed_cell])
 
-    header = ["step", "source", "tests", "skipped", "memcheck", "racecheck",
+    header = ["step", "source", "tests", "skipped", "memcheck", "racecheck", "checked",
               f"speed vs shipped (N={args.speed_tokens})"]
     widths = [max(len(row[i]) for row in rows + [header]) for i in range(len(header))]
     table = "\n".join("  ".join(value.ljust(width) for value, width in zip(row, widths)).rstrip()

@@ -1,6 +1,7 @@
 // The checker: a correct fp16 output passes with margin; every planted defect fails.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <set>
@@ -93,6 +94,77 @@ TEST_SUITE("check") {
       }
     }
     CHECK_FALSE(attn::compare(f.inputs, f.reference, out).passed);
+  }
+
+  TEST_CASE("every slice: an error in a slice the fp64 sample skips fails the all-slices part") {
+    // The fp64 reference on the first slice only; the GPU reference's role played by the fp64
+    // values of every slice, in fp32.
+    Fixture f;
+    const attn::Reference sampled = attn::compute_reference(f.inputs, {0});
+    std::vector<float> all_slices(std::size_t(f.shape.elements()));
+    const int64_t slice_size = f.shape.tokens * f.shape.head_dim;
+    for (std::size_t w = 0; w < f.reference.slices.size(); ++w) {
+      for (int64_t i = 0; i < slice_size; ++i) {
+        all_slices[f.reference.slices[w] * slice_size + i] = float(f.reference.output[w][i]);
+      }
+    }
+    std::vector<__half> out = f.perfect_output();
+    const attn::CheckResult clean = attn::compare(f.inputs, sampled, out, all_slices);
+    CHECK(clean.passed);
+    CHECK(clean.checked_slices == 1);
+    CHECK(clean.all_checked_slices == 6);
+    CHECK(clean.all_relative_error < attn::kRelativeTolerance / 4);
+
+    const int64_t index = (3 * f.shape.tokens + 7) * f.shape.head_dim + 2;  // slice 3, not sampled
+    out[index] = __float2half(__half2float(out[index]) + 0.05f);
+    CHECK(attn::compare(f.inputs, sampled, out).passed);  // the sample alone misses it
+    const attn::CheckResult caught = attn::compare(f.inputs, sampled, out, all_slices);
+    CHECK_FALSE(caught.passed);
+    CHECK(caught.worst.find("slice 3, row 7, column 2") != std::string::npos);
+
+    out = f.perfect_output();
+    out[index] = __float2half(std::numeric_limits<float>::quiet_NaN());
+    const attn::CheckResult nan = attn::compare(f.inputs, sampled, out, all_slices);
+    CHECK_FALSE(nan.passed);
+    CHECK(nan.nonfinite == 1);
+  }
+
+  TEST_CASE("the key-mask probe: strongly negative scores, V near 1, and a leaked key fails") {
+    const Shape shape{1, 2, 40, 64};
+    const attn::HostTensors inputs = attn::make_key_mask_probe_inputs(shape, 3);
+    const attn::Reference reference =
+        attn::compute_reference(inputs, attn::slices_to_check(shape, CheckMode::full, 3));
+    double max_score = -1e30;
+    for (int64_t j = 0; j < shape.tokens; ++j) {
+      double dot = 0;
+      for (int64_t c = 0; c < shape.head_dim; ++c) {
+        dot += double(__half2float(inputs.q[c])) * double(__half2float(inputs.k[j * shape.head_dim + c]));
+      }
+      max_score = std::max(max_score, dot / 8.0);
+    }
+    CHECK(max_score < -20.0);  // every real key of row 0 scores far below a padded key's 0
+    // One zero-K, zero-V key admitted past N: its weight is ~1, so O is ~0 where it should be ~1.
+    attn::HostTensors leaked = inputs;
+    leaked.shape.tokens += 1;
+    const int64_t slice_size = shape.tokens * shape.head_dim, leaked_size = leaked.shape.tokens * shape.head_dim;
+    for (auto* tensor : {&leaked.q, &leaked.k, &leaked.v}) {
+      tensor->assign(std::size_t(shape.slices() * leaked_size), __float2half(0.0f));
+    }
+    for (int64_t s = 0; s < shape.slices(); ++s) {
+      for (int64_t i = 0; i < slice_size; ++i) {
+        leaked.q[s * leaked_size + i] = inputs.q[s * slice_size + i];
+        leaked.k[s * leaked_size + i] = inputs.k[s * slice_size + i];
+        leaked.v[s * leaked_size + i] = inputs.v[s * slice_size + i];
+      }
+    }
+    const attn::Reference wrong = attn::compute_reference(leaked, {0, 1});
+    std::vector<__half> out(std::size_t(shape.elements()));
+    for (int64_t s = 0; s < shape.slices(); ++s) {
+      for (int64_t i = 0; i < slice_size; ++i) out[s * slice_size + i] = __float2half(float(wrong.output[s][i]));
+    }
+    const attn::CheckResult result = attn::compare(inputs, reference, out);
+    CHECK_FALSE(result.passed);
+    CHECK(result.max_abs_error > 0.5);  // not a near miss: the tolerance is ~7e-3
   }
 
   TEST_CASE("sampled slices include the first and the last; full covers all") {

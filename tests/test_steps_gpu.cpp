@@ -176,6 +176,8 @@ TEST_CASE("run-to-run equality: the same inputs give the same bits, and they are
       return std::all_of(output.begin(), output.end(),
                          [](__half x) { return std::isfinite(__half2float(x)); });
     };
+    REQUIRE(first.size() == std::size_t(shape.elements()));
+    REQUIRE(second.size() == first.size());
     CHECK(finite(first));
     CHECK(finite(second));
     CHECK(std::memcmp(first.data(), second.data(), first.size() * sizeof(__half)) == 0);

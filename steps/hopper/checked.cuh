@@ -18,9 +18,9 @@
 //   watchdog              a wait that does not complete within 2 s (a wrong parity, a wrong byte
 //                         count, a missing arrive): named instead of hanging
 //
-// The first violation of a launch is kept in a record on the device, printed by the thread that
-// broke the rule, and read back by the harness after the run (StepInfo::pipeline_report), so
-// the test or the step's check fails with the same one line. A violation does not change what
+// The first violation of a launch is kept in a record on the device and read back by the harness
+// after the run (StepInfo::pipeline_report): the test or the step's check fails with one line
+// that names the rule, the step, the block and the thread. A violation does not change what
 // the kernel does; a watchdog's does: from then on every wait gives up at once, so the kernel
 // ends (with a wrong result) instead of hanging. Normal builds compile all of it away.
 #pragma once
@@ -28,7 +28,6 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
-#include <cstdio>
 #include <optional>
 #include <string>
 
@@ -68,14 +67,14 @@ struct Violation {
   int give_up = 0;  // set by the watchdog: every checked wait returns at once
 };
 
-// One line of text, built the same way on the device (printf) and the host (the harness).
+// One line of text (a small builder that needs no allocation).
 struct Line {
   char text[320] = {};
   int length = 0;
-  __host__ __device__ void append(const char* piece) {
+  void append(const char* piece) {
     while (*piece != '\0' && length < int(sizeof text) - 1) text[length++] = *piece++;
   }
-  __host__ __device__ void append(long long value) {
+  void append(long long value) {
     char digits[24];
     int count = 0;
     unsigned long long magnitude = value < 0 ? 0ull - (unsigned long long)value : value;
@@ -91,7 +90,7 @@ struct Line {
   }
 };
 
-__host__ __device__ inline const char* buffer_name(int buffer) {
+inline const char* buffer_name(int buffer) {
   switch (Buffer(buffer)) {
     case Buffer::q: return "Q";
     case Buffer::k: return "K";
@@ -104,7 +103,7 @@ __host__ __device__ inline const char* buffer_name(int buffer) {
 
 // "v8: pipeline rule release-before-wgmma broken in block 3, thread 130: released K slot 1
 // (use 5) while a committed wgmma group that reads it had not been waited for"
-__host__ __device__ inline void describe(const Violation& v, const char* step, Line& line) {
+inline void describe(const Violation& v, const char* step, Line& line) {
   static const char* const kNames[] = {"none", "read-before-full", "release-before-wgmma",
                                        "staging-busy", "refill-before-release", "watchdog"};
   line.append(step);
@@ -171,9 +170,11 @@ __device__ __forceinline__ uint64_t global_time_ns() {
   return now;
 }
 
-// Keeps the first violation of the run and prints it; later ones are dropped.
-__device__ __noinline__ void report(Rule rule, Buffer buffer, Barrier barrier, int slot, int use,
-                                    uint32_t parity) {
+// Keeps the first violation of the run; later ones are dropped. Inlined, and no printf: a call
+// here would make ptxas serialize every wgmma of the kernel (C7510), and the checked build
+// should run the pipeline as asynchronously as the normal one.
+__device__ __forceinline__ void report(Rule rule, Buffer buffer, Barrier barrier, int slot,
+                                       int use, uint32_t parity) {
   if (rule == Rule::watchdog) atomicExch(&violation.give_up, 1);
   if (atomicCAS(&violation.rule, 0, int(rule)) != 0) return;
   violation.buffer = int(buffer);
@@ -184,11 +185,6 @@ __device__ __noinline__ void report(Rule rule, Buffer buffer, Barrier barrier, i
   violation.block = int(blockIdx.x);
   violation.thread = int(threadIdx.x);
   __threadfence();
-  Violation copy = violation;
-  copy.rule = int(rule);
-  Line line;
-  describe(copy, ATTN_STEP_ID, line);
-  printf("%s\n", line.text);
 }
 
 __device__ __forceinline__ void check(bool holds, Rule rule, Buffer buffer, int slot, int use) {

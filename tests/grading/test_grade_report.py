@@ -49,7 +49,7 @@ CLEAN = {"memcheck": (0, "========= ERROR SUMMARY: 0 errors\n"),
 
 
 class GradeReportTest(unittest.TestCase):
-    def grade(self, files, gpu_skipped_reason=""):
+    def grade(self, files, gpu_skipped_reason="", step="0"):
         """Writes the work folder, runs the reporter; returns (exit code, report, stdout)."""
         with tempfile.TemporaryDirectory() as folder:
             work_dir = Path(folder) / "grading"
@@ -60,7 +60,7 @@ class GradeReportTest(unittest.TestCase):
             run = subprocess.run(
                 [sys.executable, str(REPORTER), "--work-dir", str(work_dir), "--json",
                  str(report_path), "--gpu-skipped-reason", gpu_skipped_reason,
-                 "--sanitizer-arguments", "--tokens 65", "--speed-tokens", "577", "0"],
+                 "--sanitizer-arguments", "--tokens 65", "--speed-tokens", "577", step],
                 capture_output=True, text=True)
             self.assertIn(run.returncode, (0, 1, 4), run.stderr)
             check = subprocess.run([sys.executable, str(CHECKER), str(SCHEMA), str(report_path)],
@@ -126,7 +126,7 @@ class GradeReportTest(unittest.TestCase):
         self.assertIn("no speed is reported for a wrong answer", speed_test["output"])
         self.assertIsNone(report["steps"][0]["speed_vs_shipped"])
         self.assertEqual(report["score"], 1.0)
-        self.assertRegex(stdout, r"v0\s+skeleton_v0.cu\s+1/2\s+0\s+FAILED\s+FAILED\s+FAILED")
+        self.assertRegex(stdout, r"v0\s+skeleton_v0.cu\s+1/2\s+0\s+FAILED\s+FAILED\s+-\s+FAILED")
 
     def test_correct_student_step_gets_its_speed_ratio(self):
         passed = [(name, "run", "<system-out></system-out>") for name, _ in STEP0_TESTS]
@@ -139,6 +139,36 @@ class GradeReportTest(unittest.TestCase):
         self.assertIn("2.00x", speed_test["output"])
         self.assertEqual((report["score"], report["max_score"]), (4.0, 4.0))
         self.assertRegex(stdout, r"2\.00x")
+
+    def test_a_hopper_step_that_breaks_a_pipeline_rule_fails_its_checked_part(self):
+        step8_tests = [("gpu.v8", ["gpu", "step8"])]
+        passed = junit([("gpu.v8", "run", "<system-out></system-out>")])
+        rule = ("v8: pipeline rule staging-busy broken in block 3, thread 130: wrote the O staging "
+                "buffer of warpgroup 1 while a TMA store from it may still be reading it")
+        files = {"step8.source": "/course/racy_v8.cu", "step8.hopper": "",
+                 "step8.tests.json": listing(step8_tests), "step8.junit.xml": passed,
+                 "step8.ctest.log": "", "step8.checked.rc": "1",
+                 "step8.checked.log": f"{rule}\n{rule}\ntest_steps_gpu.cpp:70: ERROR: CHECK( result.passed )\n",
+                 "step8.speed.rc": "0", "step8.speed.log": "",
+                 "step8.speed.csv": "\n".join([CSV_HEADER, bench_row("v8", 100.0, "passed"),
+                                               bench_row("v8_ref", 100.0, "passed")]) + "\n"}
+        for tool, (code, log) in CLEAN.items():
+            files[f"step8.{tool}.rc"] = str(code)
+            files[f"step8.{tool}.log"] = log
+        code, report, stdout = self.grade(files, step="8")
+        self.assertEqual(code, 1)
+        checked = self.by_name(report)["step8 checked pipeline"]
+        self.assertEqual((checked["status"], checked["score"], checked["max_score"]), ("failed", 0.0, 1.0))
+        self.assertEqual(checked["output"].count("pipeline rule staging-busy"), 1)  # each rule once
+        self.assertEqual(report["steps"][0]["checked_pipeline"], "failed")
+        self.assertEqual((report["score"], report["max_score"]), (3.0, 4.0))
+        self.assertRegex(stdout, r"v8\s+racy_v8.cu\s+1/1\s+0\s+clean\s+clean\s+FAILED\s+1\.00x")
+        # The shipped step breaks no rule: the part passes.
+        files["step8.checked.rc"], files["step8.checked.log"] = "0", "[doctest] Status: SUCCESS!\n"
+        code, report, _ = self.grade(files, step="8")
+        self.assertEqual(code, 0)
+        self.assertEqual(report["steps"][0]["checked_pipeline"], "passed")
+        self.assertEqual((report["score"], report["max_score"]), (4.0, 4.0))
 
     def test_sanitizer_timeout_and_crash_fail(self):
         passed = [(name, "run", "<system-out></system-out>") for name, _ in STEP0_TESTS]

@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Builds a bench that holds steps as they are now AND as they were at an earlier commit, so one
+# run on a GPU says whether a change made a step faster or slower (same process, same inputs).
+#
+#   scripts/bench-against.sh [--build-dir DIR] [--out DIR] COMMIT STEP...     e.g. e9360c9 v7 v8
+#
+# Each STEP's kernel file at COMMIT is compiled against that commit's steps/ folder (its headers)
+# and today's harness headers, registered as <STEP>at<COMMIT> (v8ate9360c9), and linked with
+# today's steps and harness from an existing build (default build/) into OUT/bench_against
+# (default stage/against). On the GPU:
+#   stage/against/bench_against --steps v8,v8ate9360c9 --tokens 197,577,1025 --csv against.csv
+set -euo pipefail
+
+build_dir=build out=stage/against
+while [ "$#" -gt 0 ]; do
+  case "$1" in
+    -h|--help) sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --build-dir) build_dir=${2:?--build-dir needs a value}; shift 2 ;;
+    --out) out=${2:?--out needs a value}; shift 2 ;;
+    -*) echo "bench-against.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
+    *) break ;;
+  esac
+done
+[ "$#" -ge 2 ] || { echo "bench-against.sh: give a COMMIT and at least one STEP (see --help)" >&2; exit 2; }
+commit=$1
+shift
+repo=$(cd "$(dirname "$0")/.." && pwd)
+git -C "$repo" rev-parse --verify --quiet "$commit^{commit}" > /dev/null ||
+  { echo "bench-against.sh: no commit '$commit' in this repository" >&2; exit 2; }
+harness=(
+  "$build_dir/CMakeFiles/bench.dir/common/bench_main.cpp.o"
+  "$build_dir/reference/CMakeFiles/attn_eager.dir/eager_cublas.cu.o"
+  "$build_dir/common/libattn_common.a"
+)
+for file in "${harness[@]}"; do
+  [ -f "$file" ] || { echo "bench-against.sh: $file missing; build first: cmake --build $build_dir --target bench" >&2; exit 3; }
+done
+
+mkdir -p "$out"
+tree="$out/tree-$commit"
+rm -rf "$tree"
+mkdir -p "$tree"
+git -C "$repo" archive "$commit" steps | tar -x -C "$tree"
+objects=()
+for step in "$@"; do
+  [[ "$step" =~ ^v[0-9]+$ ]] || { echo "bench-against.sh: '$step' is not a step id (v7, say)" >&2; exit 2; }
+  today=("$build_dir"/CMakeFiles/attn_"$step".dir/steps/*/*.cu.o)
+  [ -f "${today[0]}" ] || { echo "bench-against.sh: ${today[0]} missing; build $step first" >&2; exit 3; }
+  then_source=("$tree"/steps/"$step"_*/*.cu)
+  [ -f "${then_source[0]}" ] || { echo "bench-against.sh: $commit has no steps/${step}_*/" >&2; exit 2; }
+  arch=90
+  grep -qE 'wgmma|setmaxnreg' "${then_source[0]}" "$tree"/steps/"$step"_*/* && arch=90a
+  id="${step}at${commit}"
+  echo "bench-against.sh: compiling $id (sm_$arch)"
+  nvcc -std=c++17 -O3 -lineinfo --expt-relaxed-constexpr -gencode "arch=compute_$arch,code=sm_$arch" \
+    -I"$repo/common" -I"$repo/reference" -I"$tree/steps" -DATTN_STEP_ID="\"$id\"" \
+    -c "${then_source[0]}" -o "$out/$id.o"
+  objects+=("${today[0]}" "$out/$id.o")
+done
+nvcc -o "$out/bench_against" "${harness[0]}" "${objects[@]}" "${harness[1]}" "${harness[2]}" -lcublas -lpthread
+rm -rf "$tree" "$out"/*.o
+echo "bench-against.sh: wrote $out/bench_against ($("$out/bench_against" --list 2>/dev/null | cut -f1 | paste -sd' '))"

@@ -1,0 +1,322 @@
+#!/usr/bin/env python3
+"""Proves that the tests can fail: plants the bugs students make into copies of the flash steps
+(v6, v7, v8) and runs each copy through the GPU suite, in a normal build and, for the Hopper
+steps, in the checked build of the asynchronous pipeline. Every copy must be caught by one of
+the two; the report says which caught which, and the checked build's line names the rule.
+
+  scripts/plant_bugs.py [--build-dir DIR] [--out DIR] [--jobs N] [--only ID,ID,...]
+                        [--build-only | --run-only | --check-edits]
+
+Building (here, no GPU needed) writes OUT/planted/<id>.cu and links, with the harness and the
+suite's objects of an existing build (default build/), OUT/gpu_tests_planted (every copy, normal
+build) and OUT/gpu_tests_planted_checked (the Hopper copies built with ATTN_CHECKED_PIPELINE=1).
+Running (on a GPU) calls `gpu_tests_planted[_checked] --step=<id>` for each copy, every test case
+but the long sequences, until the first failed check, a few copies at a time, each limited in
+time, and writes OUT/planted.csv and OUT/planted.txt. A copy that hangs by design is not run in the normal build (it would wait for the
+harness's two-minute limit on every test); the checked build's watchdog must end it.
+
+Exit status: 0 when every copy was caught, 1 when one was not (the tests are weaker than they
+look), 2 on a usage error, 3 when building or running could not be done.
+"""
+import argparse
+import concurrent.futures
+import csv
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@dataclass
+class Bug:
+    id: str
+    folder: str           # steps/<folder>/
+    what: str             # what a student got wrong, in a few words
+    edits: list           # (the text as shipped, the text with the bug, which occurrence: 1 = first)
+    hangs: bool = False   # waits forever in a normal build
+    rule: str = ""        # the checked build's rule this bug breaks, when it is a protocol bug
+    target: str = ""      # a test case built to catch this bug, run on its own as well
+
+    @property
+    def hopper(self):
+        return self.folder.startswith(("v7_", "v8_"))
+
+    @property
+    def arch(self):
+        return "90a" if self.hopper else "90"
+
+
+V6, V7, V8 = "v6_flash", "v7_tma_wgmma", "v8_warp_specialized"
+KEY_MASK_TEST = "key mask*"  # tests/test_steps_gpu.cpp: real scores strongly negative
+BUGS = [
+    # The arithmetic of the online softmax: the result check catches these.
+    Bug("v6nomask", V6, "keys past N keep their scores", [("if (tile_keys < kBlockN) {", "if (false) {", 1)]),
+    Bug("v6norescale", V6, "O not rescaled when the row max grows",
+        [("o_acc[g][d][2 * half] *= correction;", ";", 1)]),
+    Bug("v6nonorm", V6, "O not divided by the row sum",
+        [("const float inverse = 1.0f / total;", "const float inverse = 1.0f;", 1)]),
+    Bug("v7nomask", V7, "keys past N keep their scores", [("if (tile_keys < T::kBlockN) {", "if (false) {", 1)]),
+    Bug("v7norescale", V7, "O not rescaled when the row max grows",
+        [("o_acc[4 * d + 2 * half] *= correction;", ";", 1)]),
+    Bug("v7nonorm", V7, "O not divided by the row sum",
+        [("inverse[half] = 1.0f / total;", "inverse[half] = 1.0f;", 1)]),
+    Bug("v7maskoffbyone", V7, "the mask admits one key past N",
+        [("e % 2 >= tile_keys)", "e % 2 > tile_keys)", 1)], target=KEY_MASK_TEST),
+    Bug("v8nomask", V8, "keys past N keep their scores", [("if (last_tile_keys < kBlockN) {", "if (false) {", 1)]),
+    Bug("v8norescale", V8, "O not rescaled when the row max grows",
+        [("o_acc[4 * d + 2 * half] *= correction[half];", ";", 1)]),
+    Bug("v8nonorm", V8, "O not divided by the row sum",
+        [("inverse[half] = 1.0f / total;", "inverse[half] = 1.0f;", 1)]),
+    Bug("v8maskoffbyone", V8, "the mask admits one key past N",
+        [("e % 2 >= last_tile_keys)", "e % 2 > last_tile_keys)", 1)], target=KEY_MASK_TEST),
+    # The asynchronous protocol: races that need unlucky timing to corrupt a result.
+    Bug("v7fullwaitonce", V7, "waits for a stage's copy only the first time round the ring",
+        [("kv_ring.wait_full(tile);", "if (tile < T::kStages) kv_ring.wait_full(tile);", 1)],
+        rule="read-before-full"),
+    Bug("v7nowgmmawait", V7, "releases a stage before the P V reading it has completed",
+        [("groups.wait<0>();", ";", 2)], rule="release-before-wgmma"),
+    Bug("v7nobarrier", V7, "refills a stage without the block's barrier",
+        [("kv_ring.release_block(tile, groups);", ";", 1)], rule="refill-before-release"),
+    Bug("v8nofullwait", V8, "reads a K stage without waiting for its full barrier",
+        [("k_ring.wait_full(kv_use + i);", ";", 2)], rule="read-before-full"),
+    Bug("v8earlyrelease", V8, "releases a K stage before the S = Q K^T reading it has completed",
+        [("k_ring.release(kv_use + i, lane, groups);", ";", 2),
+         ("groups.wait<1>();", "k_ring.release(kv_use + i, lane, groups);\n      groups.wait<1>();", 1)],
+        rule="release-before-wgmma"),
+    Bug("v8nostorewait", V8, "rewrites the O staging buffer before the last store has read it",
+        [("if (thread_in_group == 0) o_staging.wait_read();", ";", 1)], rule="staging-busy"),
+    Bug("v8noemptywait", V8, "the producer refills K/V stages without waiting for them to be free",
+        [("ring.wait_empty(use);", ";", 1)], rule="refill-before-release"),
+    Bug("v8hang", V8, "the producer announces more bytes than its copies deliver",
+        [("ring.arm(use, T::kKVBytes)", "ring.arm(use, T::kKVBytes + 1024)", 1)], hangs=True,
+        rule="watchdog"),
+]
+
+# Every test case but the long sequences (their CPU reference takes most of a suite's time, and
+# they catch nothing the tails do not); the first failed check ends the run.
+SUITE_ARGUMENTS = ["--test-case-exclude=*long sequences*", "--abort-after=1"]
+RUN_LIMIT_S = 240  # a copy's whole suite, per build
+
+
+def fail(message, status=3):
+    print(f"plant_bugs.py: {message}", file=sys.stderr)
+    sys.exit(status)
+
+
+def planted_source(bug):
+    folder = os.path.join(REPO, "steps", bug.folder)
+    sources = [name for name in os.listdir(folder) if name.endswith(".cu")]
+    if len(sources) != 1:
+        fail(f"{folder} must hold one .cu file")
+    path = os.path.join(folder, sources[0])
+    text = open(path).read()
+    for shipped, planted, occurrence in bug.edits:
+        at = -1
+        for _ in range(occurrence):
+            at = text.find(shipped, at + 1)
+            if at < 0:
+                fail(f"{bug.id}: {path} no longer has occurrence {occurrence} of '{shipped}'; update this script")
+        text = text[:at] + planted + text[at + len(shipped):]
+    return text
+
+
+def build(args, bugs):
+    harness = [
+        os.path.join(args.build_dir, "tests/CMakeFiles/gpu_tests.dir/gpu_main.cpp.o"),
+        os.path.join(args.build_dir, "tests/CMakeFiles/gpu_tests.dir/test_steps_gpu.cpp.o"),
+        os.path.join(args.build_dir, "reference/CMakeFiles/attn_eager.dir/eager_cublas.cu.o"),
+        os.path.join(args.build_dir, "common/libattn_common.a"),
+    ]
+    for path in harness:
+        if not os.path.isfile(path):
+            fail(f"{path} missing; build first: cmake -B {args.build_dir} && cmake --build {args.build_dir} --target gpu_tests")
+    nvcc = shutil.which("nvcc") or fail("nvcc not found")
+    source_dir = os.path.join(args.out, "planted")
+    os.makedirs(source_dir, exist_ok=True)
+
+    def compile_one(bug, checked):
+        source = os.path.join(source_dir, f"{bug.id}.cu")
+        obj = os.path.join(source_dir, f"{bug.id}{'.checked' if checked else ''}.o")
+        command = [nvcc, "-std=c++17", "-O3", "-lineinfo", "--expt-relaxed-constexpr",
+                   "-gencode", f"arch=compute_{bug.arch},code=sm_{bug.arch}",
+                   "-I" + os.path.join(REPO, "common"), "-I" + os.path.join(REPO, "reference"),
+                   "-I" + os.path.join(REPO, "steps"), f'-DATTN_STEP_ID="{bug.id}"',
+                   "-c", source, "-o", obj]
+        if checked:
+            command.insert(1, "-DATTN_CHECKED_PIPELINE=1")
+        result = subprocess.run(command, capture_output=True, text=True)
+        if result.returncode != 0:
+            fail(f"compiling {bug.id}{' (checked)' if checked else ''} failed:\n{result.stderr}")
+        return obj
+
+    for bug in bugs:
+        text = planted_source(bug)
+        with open(os.path.join(source_dir, f"{bug.id}.cu"), "w") as out:
+            out.write(text)
+    jobs = [(bug, False) for bug in bugs] + [(bug, True) for bug in bugs if bug.hopper]
+    print(f"plant_bugs.py: compiling {len(jobs)} planted copies", flush=True)
+    with concurrent.futures.ThreadPoolExecutor(max(1, os.cpu_count() or 1)) as pool:
+        objects = list(pool.map(lambda job: compile_one(*job), jobs))
+    normal = [obj for obj, (bug, checked) in zip(objects, jobs) if not checked]
+    checked = [obj for obj, (bug, checked) in zip(objects, jobs) if checked]
+    link = [nvcc, "-o"]
+    for name, objs in (("gpu_tests_planted", normal), ("gpu_tests_planted_checked", checked)):
+        if not objs:
+            continue
+        binary = os.path.join(args.out, name)
+        result = subprocess.run(link + [binary, harness[0], harness[1]] + objs + harness[2:] +
+                                ["-lcublas", "-lpthread"], capture_output=True, text=True)
+        if result.returncode != 0:
+            fail(f"linking {name} failed:\n{result.stderr}")
+        print(f"plant_bugs.py: wrote {binary}", flush=True)
+    for obj in objects:
+        os.remove(obj)
+
+
+def run_suite(binary, bug_id, log_path, arguments=SUITE_ARGUMENTS):
+    start = time.time()
+    with open(log_path, "w") as log:
+        try:
+            status = subprocess.run([binary, f"--step={bug_id}"] + arguments, stdout=log,
+                                    stderr=subprocess.STDOUT, timeout=RUN_LIMIT_S).returncode
+        except subprocess.TimeoutExpired:
+            status = "timeout"
+    text = open(log_path, errors="replace").read()
+    rule = re.search(r"pipeline rule (\S+) broken in block \d+, thread \d+", text)
+    return status, (rule.group(1) if rule else ""), time.time() - start, text
+
+
+def failing_shapes(log_text):
+    """The shapes a doctest log's failed checks name (CAPTURE(shape.str())), in order."""
+    shapes = re.findall(r"shape\.str\(\) := (B=\d+ H=\d+ N=\d+ D=\d+)", log_text)
+    return list(dict.fromkeys(shapes)) or ["(no shape logged)"]
+
+
+def verdict(status):
+    if status == 0:
+        return "passed"
+    if status == "timeout":
+        return "caught (timed out)"
+    if status == 77:
+        return "skipped"
+    return "caught"
+
+
+def run(args, bugs):
+    binaries = {False: os.path.join(args.out, "gpu_tests_planted"),
+                True: os.path.join(args.out, "gpu_tests_planted_checked")}
+    if not os.access(binaries[False], os.X_OK):
+        fail(f"{binaries[False]} missing: build first (without --run-only)")
+    log_dir = os.path.join(args.out, "logs")
+    os.makedirs(log_dir, exist_ok=True)
+    runs = []
+    for bug in bugs:
+        if not bug.hangs:
+            runs.append((bug, False))
+        if bug.hopper:
+            runs.append((bug, True))
+        if bug.target:
+            runs.append((bug, "target"))
+
+    def one(job):
+        bug, build = job
+        if build == "target":  # the targeted test case alone, every shape (no early stop)
+            log = os.path.join(log_dir, f"{bug.id}.target.log")
+            return job, run_suite(binaries[False], bug.id, log, [f"--test-case={bug.target}"])
+        log = os.path.join(log_dir, f"{bug.id}.{'checked' if build else 'normal'}.log")
+        return job, run_suite(binaries[build], bug.id, log)
+
+    results = {}
+    with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
+        for (bug, build), outcome in pool.map(one, runs):
+            results[(bug.id, build)] = outcome
+            name = {False: "normal build", True: "checked build", "target": "targeted test"}[build]
+            print(f"plant_bugs.py: {bug.id} {name}: "
+                  f"{verdict(outcome[0])} ({outcome[2]:.0f} s){' rule ' + outcome[1] if outcome[1] else ''}",
+                  flush=True)
+
+    rows, missed, wrong_rule = [], [], []
+    for bug in bugs:
+        normal = results.get((bug.id, False))
+        checked = results.get((bug.id, True))
+        target = results.get((bug.id, "target"))
+        normal_text = verdict(normal[0]) if normal else "not run (hangs by design)"
+        checked_text = verdict(checked[0]) if checked else "n/a (not a Hopper step)"
+        caught_by = [name for name, outcome in (("normal suite", normal), ("checked build", checked))
+                     if outcome and outcome[0] not in (0, 77)]
+        rule = checked[1] if checked else ""
+        if not caught_by:
+            missed.append(bug.id)
+        if bug.rule and rule != bug.rule:
+            wrong_rule.append(f"{bug.id} (expected {bug.rule}, got {rule or 'no rule'})")
+        if target and target[0] in (0, 77):
+            wrong_rule.append(f"{bug.id} (its targeted test '{bug.target}' passed)")
+        rows.append({"id": bug.id, "step": bug.folder.split("_")[0], "bug": bug.what,
+                     "normal_suite": normal_text, "checked_build": checked_text,
+                     "checked_rule": rule, "expected_rule": bug.rule,
+                     "targeted_test": (f"'{bug.target}': {verdict(target[0])}" +
+                                       (f" at {', '.join(failing_shapes(target[3]))}" if target[0] else "")
+                                       if target else ""),
+                     "caught_by": " and ".join(caught_by) or "NOT CAUGHT"})
+    with open(os.path.join(args.out, "planted.csv"), "w", newline="") as out:
+        writer = csv.DictWriter(out, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    lines = [f"{'id':<16} {'normal suite':<26} {'checked build':<24} {'rule (checked build)':<22} bug"]
+    for row in rows:
+        lines.append(f"{row['id']:<16} {row['normal_suite']:<26} {row['checked_build']:<24} "
+                     f"{row['checked_rule'] or '-':<22} {row['bug']}")
+    for row in rows:
+        if row["targeted_test"]:
+            lines.append(f"{row['id']}: the targeted test {row['targeted_test']}")
+    lines.append(f"{len(bugs) - len(missed)} of {len(bugs)} planted bugs caught (all must be)")
+    if wrong_rule:
+        lines.append("not caught as designed: " + ", ".join(wrong_rule))
+    text = "\n".join(lines) + "\n"
+    open(os.path.join(args.out, "planted.txt"), "w").write(text)
+    print(text, end="")
+    return 0 if not missed and not wrong_rule else 1
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--build-dir", default=os.path.join(REPO, "build"))
+    parser.add_argument("--out", default=os.path.join(REPO, "stage", "planted"))
+    parser.add_argument("--jobs", type=int, default=4, help="suites run at once (default 4)")
+    parser.add_argument("--only", default="", help="comma-separated ids (default: every bug)")
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--build-only", action="store_true")
+    mode.add_argument("--run-only", action="store_true")
+    mode.add_argument("--check-edits", action="store_true",
+                      help="only plant every bug in memory: each edit must still apply (no GPU, "
+                           "no compiler; ctest runs this on every build)")
+    args = parser.parse_args()
+    if args.jobs < 1:
+        parser.error("--jobs must be positive")
+    bugs = BUGS
+    if args.only:
+        wanted = args.only.split(",")
+        unknown = [name for name in wanted if name not in {bug.id for bug in BUGS}]
+        if unknown:
+            parser.error(f"--only: no planted bug {', '.join(unknown)} (bugs: {', '.join(b.id for b in BUGS)})")
+        bugs = [bug for bug in BUGS if bug.id in wanted]
+    if args.check_edits:
+        for bug in bugs:
+            planted_source(bug)  # exits 3 with the missing text when an edit no longer applies
+        print(f"plant_bugs.py: all {len(bugs)} planted bugs still apply to steps/")
+        return 0
+    os.makedirs(args.out, exist_ok=True)
+    if not args.run_only:
+        build(args, bugs)
+    if args.build_only:
+        return 0
+    return run(args, bugs)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
