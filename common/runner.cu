@@ -154,6 +154,10 @@ RunResult run_step(const StepInfo& step, const HostTensors& inputs, const Refere
                             count * sizeof(__half), cudaMemcpyDeviceToDevice));
     }
   }
+  // These copies run on the legacy default stream, and a pageable upload may return before its
+  // data lands; the step runs on `stream`, which does not wait for the legacy stream
+  // (non-blocking). Without this, a busy GPU can start the step on half-copied inputs.
+  CUDA_CHECK(cudaStreamSynchronize(cudaStreamLegacy));
 
   // The checked run, on an output of NaNs (0xFFFF is a NaN in fp16).
   RunResult result;

@@ -49,6 +49,10 @@ struct DeviceProblem {
     CUDA_CHECK(cudaMemcpy(k.data(), inputs.k.data(), bytes, cudaMemcpyHostToDevice));
     CUDA_CHECK(cudaMemcpy(v.data(), inputs.v.data(), bytes, cudaMemcpyHostToDevice));
     CUDA_CHECK(cudaMemset(o.data(), 0xFF, bytes));
+    // The copies and the fill run on the legacy default stream (a pageable upload may return
+    // before its data lands), and the steps run on non-blocking streams that do not wait for
+    // it: only this makes the inputs and the NaN poison be there when a step reads them.
+    CUDA_CHECK(cudaStreamSynchronize(cudaStreamLegacy));
   }
   const attn::Shape& shape() const { return inputs.shape; }
 
@@ -145,6 +149,7 @@ TEST_CASE("views: Q, K, V cut from one packed projection [B, N, 3, H, D], O writ
       attn::DeviceBuffer<__half> qkv(host_qkv.size()), o(std::size_t(shape.elements()));
       CUDA_CHECK(cudaMemcpy(qkv.data(), host_qkv.data(), qkv.bytes(), cudaMemcpyHostToDevice));
       CUDA_CHECK(cudaMemset(o.data(), 0xFF, o.bytes()));
+      CUDA_CHECK(cudaStreamSynchronize(cudaStreamLegacy));  // as in DeviceProblem
       const attn_strides qkv_strides{N * 3 * H * D, D, 3 * H * D}, o_strides{N * H * D, D, H * D};
       char message[1024] = "";
       const int status = attn_run_strided(step.id, qkv.data(), qkv.data() + H * D,
