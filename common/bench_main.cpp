@@ -265,6 +265,7 @@ int main(int argc, char** argv) {
     return kExitUsage;
   } catch (const std::exception& error) {
     std::cerr << "bench: " << error.what() << "\n";
+    exit_if_gpu_hung(kExitRuntime);
     return kExitRuntime;
   }
 }

@@ -32,6 +32,13 @@ class DeviceBuffer {
     return *this;
   }
 
+  // Gives the memory up without freeing it. After a kernel hangs this is all that can be done:
+  // cudaFree waits for the device, which the hung kernel never releases.
+  void abandon() {
+    data_ = nullptr;
+    count_ = 0;
+  }
+
   T* data() const { return data_; }
   std::size_t size() const { return count_; }
   std::size_t bytes() const { return count_ * sizeof(T); }

@@ -1,5 +1,6 @@
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <map>
 #include <string>
 
@@ -102,14 +103,23 @@ static void take_pipeline_violation(const StepInfo& step, CheckResult& check) {
   }
 }
 
-// Waits for `stream`; a hang is remembered for every later run of this process.
-static void synchronize_or_remember(cudaStream_t stream, double limit_seconds) {
+// Waits for `stream`. A hang is remembered for every later run of this process, and `on_hang`
+// gives up the run's device memory (freeing it would wait for the hung kernel forever).
+template <typename OnHang>
+static void synchronize_or_remember(cudaStream_t stream, double limit_seconds, OnHang on_hang) {
   try {
     synchronize_within(stream, limit_seconds);
   } catch (const GpuHang& hang) {
     gpu_hang_reason() = hang.what();
+    on_hang();
     throw;
   }
+}
+
+void exit_if_gpu_hung(int status) {
+  if (gpu_hang_reason().empty()) return;
+  std::fflush(nullptr);
+  std::_Exit(status);  // no CUDA teardown: it would wait for the kernel that never ends
 }
 
 RunResult run_step(const StepInfo& step, const HostTensors& inputs, const Reference* reference,
@@ -165,7 +175,15 @@ RunResult run_step(const StepInfo& step, const HostTensors& inputs, const Refere
   CUDA_CHECK(cudaMemsetAsync(device_sets[0].o.data(), 0xFF, count * sizeof(__half), stream));
   step.launch(args_for(device_sets[0], shape, workspace.data(), stream, config.max_persistent_blocks));
   CUDA_CHECK_LAUNCH();
-  synchronize_or_remember(stream, checked_run_limit_seconds(shape));
+  const auto abandon_buffers = [&] {
+    for (DeviceSet& set : device_sets) {
+      for (auto member : {&DeviceSet::q, &DeviceSet::k, &DeviceSet::v, &DeviceSet::o}) {
+        (set.*member).abandon();
+      }
+    }
+    workspace.abandon();
+  };
+  synchronize_or_remember(stream, checked_run_limit_seconds(shape), abandon_buffers);
   result.output.resize(count);
   CUDA_CHECK(cudaMemcpy(result.output.data(), device_sets[0].o.data(), count * sizeof(__half),
                         cudaMemcpyDeviceToHost));
@@ -175,7 +193,10 @@ RunResult run_step(const StepInfo& step, const HostTensors& inputs, const Refere
       DeviceBuffer<float> gpu_reference(count);
       launch_gpu_reference(device_sets[0].q.data(), device_sets[0].k.data(),
                            device_sets[0].v.data(), gpu_reference.data(), shape, stream);
-      synchronize_or_remember(stream, checked_run_limit_seconds(shape));
+      synchronize_or_remember(stream, checked_run_limit_seconds(shape), [&] {
+        abandon_buffers();
+        gpu_reference.abandon();
+      });
       all_slices.resize(count);
       CUDA_CHECK(cudaMemcpy(all_slices.data(), gpu_reference.data(), count * sizeof(float),
                             cudaMemcpyDeviceToHost));
@@ -185,13 +206,19 @@ RunResult run_step(const StepInfo& step, const HostTensors& inputs, const Refere
   take_pipeline_violation(step, result.check);
 
   if (config.time && hung_steps().count(step.id) == 0) {
-    result.timing = time_launches(
-        [&](int run) {
-          step.launch(args_for(device_sets[run % sets], shape, workspace.data(), stream,
-                               config.max_persistent_blocks));
-          CUDA_CHECK_LAUNCH();
-        },
-        stream, config.warmup, config.iters);
+    try {
+      result.timing = time_launches(
+          [&](int run) {
+            step.launch(args_for(device_sets[run % sets], shape, workspace.data(), stream,
+                                 config.max_persistent_blocks));
+            CUDA_CHECK_LAUNCH();
+          },
+          stream, config.warmup, config.iters);
+    } catch (const GpuHang& hang) {
+      gpu_hang_reason() = hang.what();
+      abandon_buffers();
+      throw;
+    }
     result.timing.buffer_sets = sets;
     take_pipeline_violation(step, result.check);
   }

@@ -43,6 +43,11 @@ std::size_t device_bytes_needed(const StepInfo& step, const Shape& shape, int bu
 // problem (and the step's workspace) does not fit in the GPU's free memory.
 void ensure_fits(const StepInfo& step, const Shape& shape, bool check_all_slices = true);
 
+// When a run of this process hung (GpuHang), ends the process at once with `status`, output
+// flushed: the kernel still occupies the GPU, and the CUDA runtime's teardown at a normal exit
+// would wait for it. Otherwise returns.
+void exit_if_gpu_hung(int status);
+
 // reference may be nullptr (no check).
 RunResult run_step(const StepInfo& step, const HostTensors& inputs, const Reference* reference,
                    const RunConfig& config);

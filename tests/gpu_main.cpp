@@ -13,6 +13,7 @@
 #include "ceilings.hpp"
 #include "cuda_check.hpp"
 #include "gpu_support.hpp"
+#include "runner.hpp"
 
 namespace {
 const attn::StepInfo* selected = nullptr;
@@ -58,5 +59,7 @@ int main(int argc, char** argv) {
     return kSkipped;
   }
   doctest::Context context(int(doctest_args.size()), doctest_args.data());
-  return context.run();
+  const int result = context.run();
+  attn::exit_if_gpu_hung(result);  // a hung step: exit without waiting for its kernel
+  return result;
 }
