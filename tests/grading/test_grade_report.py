@@ -181,6 +181,18 @@ class GradeReportTest(unittest.TestCase):
         self.assertIn("illegal memory access", tests["step0 compute-sanitizer memcheck"]["output"])
         self.assertIn("timed out", tests["step0 compute-sanitizer racecheck"]["output"])
 
+    def test_a_step_that_never_finishes_fails_its_sanitizer_parts_with_the_harness_line(self):
+        passed = [(name, "run", "<system-out></system-out>") for name, _ in STEP0_TESTS]
+        hang = ("step0: the GPU work did not finish within 10 s: a kernel that never ends "
+                "(a barrier no thread completes?)\n")
+        code, report, _ = self.grade(self.gpu_run("", passed, {"memcheck": (124, hang),
+                                                              "racecheck": (124, hang)}))
+        self.assertEqual(code, 1)
+        for tool in ("memcheck", "racecheck"):
+            output = self.by_name(report)[f"step0 compute-sanitizer {tool}"]["output"]
+            self.assertIn("never finishes", output)
+            self.assertIn("did not finish within 10 s", output)
+
     def test_without_a_gpu_every_gpu_part_is_skipped_and_scores_nothing(self):
         reason = "no GPU: nvidia-smi not found"
         cases = [("cli.step0_tokens_zero", "run", "<system-out></system-out>"),
