@@ -1,4 +1,4 @@
-// The command line of every step executable (DESIGN.md, "The executable"), and the number
+// The command line of every step executable (README.md, "Command line"), and the number
 // parsing the bench shares. Bad input throws UsageError with one line that names the flag.
 #pragma once
 

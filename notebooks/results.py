@@ -31,7 +31,7 @@ BENCH_COLUMNS = (
 # scripts/compare_pytorch.py appends these after the bench's columns: how many interleaved timing
 # windows, and the smallest and largest window median (the row's median is the median of them).
 WINDOW_COLUMNS = ["windows", "window_median_min_us", "window_median_max_us"]
-# The ViT configuration of DESIGN.md (ViT-B/16's attention at batch 32): the plots' shapes.
+# The headline ViT configuration (ViT-B/16's attention at batch 32, README): the plots' shapes.
 VIT_SHAPE = {"batch": 32, "heads": 12, "head_dim": 64}
 # The columns of scripts/ncu_profile.py the notebooks read.
 PROFILE_COLUMNS = ["step", "batch", "heads", "tokens", "head_dim", "duration_us", "dram_bytes",

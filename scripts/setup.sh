@@ -3,7 +3,7 @@
 # everything is already there. The CUDA toolkit is not installed here (it is large and
 # version-specific); the script checks for nvcc and says what to do when it is missing.
 #
-#   scripts/setup.sh            build + test dependencies (CMake, Eigen, doctest, Ninja)
+#   scripts/setup.sh            build + test dependencies (CMake, make, g++, Eigen, doctest, python3)
 #   scripts/setup.sh --notebooks  also Jupyter, matplotlib and pandas (for notebooks/)
 set -euo pipefail
 

@@ -4,8 +4,8 @@
 #   scripts/tune-v6.sh [--build-dir DIR] [--out DIR] [--arch SM] WARPS,ROW_GROUPS,KEY_TILE ...
 #   e.g. scripts/tune-v6.sh 4,1,64 4,2,64 8,1,64 4,1,32
 #
-# Each shape is steps/v6_flash/flash.cu with the head-dim-64 launch edited to
-# launch_flash_for<64, WARPS, ROW_GROUPS, KEY_TILE>, registered as v6wWgGnN. They are linked
+# Each shape is steps/v6_flash/flash.cu built with its head-dim-64 tile shape replaced
+# (-DATTN_V6_TILES_D64=WARPS,ROW_GROUPS,KEY_TILE), registered as v6wWgGnN. They are linked
 # with the harness of an existing build (default build/, built with `cmake --build build`)
 # into OUT/bench_tune (default stage/tune). On a GPU machine:
 #   stage/tune/bench_tune --tokens 197,577,1025 --csv tune.csv
@@ -16,7 +16,7 @@ build_dir=build out=stage/tune arch=90
 shapes=()
 while [ "$#" -gt 0 ]; do
   case "$1" in
-    -h|--help) sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     --build-dir) build_dir=${2:?--build-dir needs a value}; shift 2 ;;
     --out) out=${2:?--out needs a value}; shift 2 ;;
     --arch) arch=${2:?--arch needs a value}; shift 2 ;;
@@ -37,21 +37,20 @@ harness=(
 for file in "${harness[@]}"; do
   [ -f "$file" ] || { echo "tune-v6.sh: $file missing; build first: cmake -B $build_dir && cmake --build $build_dir --target bench" >&2; exit 3; }
 done
-launch='case 64: return launch_flash_for<64, 4, 2, 64>(args);'
-grep -qF "$launch" "$repo/steps/v6_flash/flash.cu" ||
-  { echo "tune-v6.sh: flash.cu no longer has the line '$launch'; update this script" >&2; exit 3; }
+grep -q 'Tiles<64, ATTN_V6_TILES_D64>' "$repo/steps/v6_flash/flash.cu" ||
+  { echo "tune-v6.sh: flash.cu no longer takes its D = 64 tile from ATTN_V6_TILES_D64; update this script" >&2; exit 3; }
 
 mkdir -p "$out"
 objects=()
 for shape in "${shapes[@]}"; do
   IFS=, read -r warps groups key_tile <<< "$shape"
   id="v6w${warps}g${groups}n${key_tile}"
-  sed "s/launch_flash_for<64, 4, 2, 64>/launch_flash_for<64, $warps, $groups, $key_tile>/" \
-    "$repo/steps/v6_flash/flash.cu" > "$out/$id.cu"
   echo "tune-v6.sh: compiling $id"
+  # nvcc splits -D values at commas unless they are escaped.
   nvcc -std=c++17 -O3 -lineinfo --expt-relaxed-constexpr \
-    -gencode "arch=compute_$arch,code=sm_$arch" -I"$repo/common" -DATTN_STEP_ID="\"$id\"" \
-    -c "$out/$id.cu" -o "$out/$id.o"
+    -gencode "arch=compute_$arch,code=sm_$arch" -I"$repo/common" -I"$repo/steps" \
+    -DATTN_STEP_ID="\"$id\"" "-DATTN_V6_TILES_D64=$warps\\,$groups\\,$key_tile" \
+    -c "$repo/steps/v6_flash/flash.cu" -o "$out/$id.o"
   objects+=("$out/$id.o")
 done
 nvcc -o "$out/bench_tune" "${harness[0]}" "${objects[@]}" "${harness[1]}" "${harness[2]}" -lcublas -lpthread

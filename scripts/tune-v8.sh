@@ -4,8 +4,8 @@
 #   scripts/tune-v8.sh [--build-dir DIR] [--out DIR] HEAD_DIM,BLOCK_N,STAGES,Q_BUFFERS ...
 #   e.g. scripts/tune-v8.sh 64,128,2,2 64,208,2,2 128,128,2,2 128,160,2,1
 #
-# Each shape is steps/v8_warp_specialized/warp_specialized.cu with the launch of that head dim
-# edited to Tiles<HEAD_DIM, BLOCK_N, STAGES, Q_BUFFERS>, registered as v8dDnNsSqQ. They are linked with the
+# Each shape is steps/v8_warp_specialized/warp_specialized.cu built with that head dim's tile shape
+# replaced (-DATTN_V8_TILES_D<HEAD_DIM>=BLOCK_N,STAGES,Q_BUFFERS), registered as v8dDnNsSqQ. They are linked with the
 # harness of an existing build (default build/, built with `cmake --build build`) into
 # OUT/bench_tune (default stage/tune8). On an H100:
 #   stage/tune8/bench_tune --tokens 197,577,1025 --csv tune.csv
@@ -38,8 +38,8 @@ for file in "${harness[@]}"; do
   [ -f "$file" ] || { echo "tune-v8.sh: $file missing; build first: cmake -B $build_dir && cmake --build $build_dir --target bench" >&2; exit 3; }
 done
 for head_dim in 64 128; do
-  grep -qE "case $head_dim: return body\(Tiles<$head_dim, [0-9]+, [0-9]+, [0-9]+>\{\}\);" "$source_file" ||
-    { echo "tune-v8.sh: warp_specialized.cu no longer has the line 'case $head_dim: return body(Tiles<...>{});'; update this script" >&2; exit 3; }
+  grep -q "Tiles<$head_dim, ATTN_V8_TILES_D$head_dim>" "$source_file" ||
+    { echo "tune-v8.sh: warp_specialized.cu no longer takes its D = $head_dim tile from ATTN_V8_TILES_D$head_dim; update this script" >&2; exit 3; }
 done
 
 mkdir -p "$out"
@@ -47,11 +47,11 @@ objects=()
 for shape in "${shapes[@]}"; do
   IFS=, read -r head_dim block_n stages q_buffers <<< "$shape"
   id="v8d${head_dim}n${block_n}s${stages}q${q_buffers}"
-  sed -E "s/case $head_dim: return body\(Tiles<$head_dim, [0-9]+, [0-9]+, [0-9]+>\{\}\);/case $head_dim: return body(Tiles<$head_dim, $block_n, $stages, $q_buffers>{});/" \
-    "$source_file" > "$out/$id.cu"
   echo "tune-v8.sh: compiling $id"
+  # nvcc splits -D values at commas unless they are escaped.
   nvcc -std=c++17 -O3 -lineinfo --expt-relaxed-constexpr -gencode arch=compute_90a,code=sm_90a \
-    -I"$repo/common" -I"$repo/steps" -DATTN_STEP_ID="\"$id\"" -c "$out/$id.cu" -o "$out/$id.o"
+    -I"$repo/common" -I"$repo/steps" -DATTN_STEP_ID="\"$id\"" \
+    "-DATTN_V8_TILES_D$head_dim=$block_n\\,$stages\\,$q_buffers" -c "$source_file" -o "$out/$id.o"
   objects+=("$out/$id.o")
 done
 nvcc -o "$out/bench_tune" "${harness[0]}" "${objects[@]}" "${harness[1]}" "${harness[2]}" -lcublas -lpthread

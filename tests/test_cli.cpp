@@ -1,5 +1,6 @@
-// The command line of the step executables: defaults, --image, and every bad input DESIGN.md
-// names gets exit code 2 and one line that names the flag.
+// The command line of the step executables: defaults, --image, and every bad input README.md's
+// "Command line" names (zero or negative sizes, non-numbers, unknown flags, sizes whose bytes
+// overflow) gets exit code 2 and one line that names the flag.
 #include <doctest/doctest.h>
 
 #include <algorithm>

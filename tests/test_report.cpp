@@ -7,7 +7,7 @@
 #include "report.hpp"
 
 TEST_SUITE("report") {
-  TEST_CASE("FLOP and byte counts follow DESIGN.md") {
+  TEST_CASE("FLOP and byte counts are problem.hpp's: 4 B H N^2 D FLOPs, 8 B H N D bytes") {
     const attn::Shape shape{32, 12, 577, 64};
     CHECK(shape.flops() == doctest::Approx(4.0 * 32 * 12 * 577 * 577 * 64));
     CHECK(shape.min_bytes() == doctest::Approx(4.0 * 32 * 12 * 577 * 64 * 2));

@@ -27,6 +27,7 @@
 
 #include "cuda_check.hpp"
 #include "step.hpp"
+#include "v6_flash/fragment_math.cuh"
 
 namespace hopper {
 
@@ -34,18 +35,9 @@ __device__ __forceinline__ uint32_t shared_address(const void* pointer) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(pointer));
 }
 
-// ---- Step 6's two helpers: fp16 pairs for the A operand, and 2^x in one instruction ---------
-
-__device__ __forceinline__ uint32_t pack_half2(float low, float high) {
-  const __half2 pair = __floats2half2_rn(low, high);
-  return *reinterpret_cast<const uint32_t*>(&pair);
-}
-
-__device__ __forceinline__ float fast_exp2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-}
+// Step 6's two helpers: fp16 pairs for the A operand, and 2^x in one instruction.
+using fragment_math::fast_exp2;
+using fragment_math::pack_half2;
 
 // ---- Tensor maps (host) ------------------------------------------------------------------------
 
@@ -236,6 +228,11 @@ __device__ __forceinline__ void claim_registers() {
 }
 
 // ---- The wgmma instructions, one overload per accumulator length ---------------------------------
+// The N of the SS (shared x shared) overloads below: a tile of keys must be one of these.
+constexpr bool has_wgmma_ss(int n) {
+  return n == 128 || n == 144 || n == 160 || n == 176 || n == 192 || n == 208;
+}
+
 // A warpgroup's 64 x N fp32 accumulator is N/2 registers per thread. Thread t (warp w = t / 32 of
 // the group, lane l) holds, for each 8-column block i, d[4i + 0, 1] = row 16w + l/4, columns
 // 8i + 2(l%4) + {0, 1}, and d[4i + 2, 3] the same columns of row 16w + l/4 + 8: the layout of

@@ -17,9 +17,12 @@
 
 #include <cmath>
 #include <cstdint>
+#include <stdexcept>
+#include <string>
 
 #include "cuda_check.hpp"
 #include "step.hpp"
+#include "v6_flash/fragment_math.cuh"
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
 #pragma nv_diag_suppress 177  // sm_75: the kernel is a stub (below), its helpers go unused
@@ -68,16 +71,9 @@ __device__ __forceinline__ void mma_16x8x16(float (&d)[4], const uint32_t (&a)[4
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-__device__ __forceinline__ uint32_t pack_half2(float low, float high) {
-  const __half2 pair = __floats2half2_rn(low, high);
-  return *reinterpret_cast<const uint32_t*>(&pair);
-}
-
-__device__ __forceinline__ float fast_exp2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-}
+// P in fp16 pairs, and 2^x in one instruction: beside this file, shared with steps 7 and 8.
+using fragment_math::fast_exp2;
+using fragment_math::pack_half2;
 
 // ---- Tile geometry --------------------------------------------------------------------------
 
@@ -312,16 +308,33 @@ void launch_flash_for(Tiles<kHeadDim, kWarps, kRowGroups, kBlockN>, const attn::
   CUDA_CHECK_LAUNCH();
 }
 
-// Calls body(tiles) with the tile shape of this head dim. 4 warps of 32 rows (128-row tiles)
-// measured fastest at D = 64 on the H100 (chapter 7). At D = 80 and 128 two row groups spill
-// past 255 registers, so 16 rows per warp there.
+// The tile shape of each head dim: warps, 16-row groups per warp, keys per K/V tile. 4 warps of
+// 32 rows (128-row tiles) measured fastest at D = 64 on the H100 (chapter 07). At D = 80 and 128
+// two row groups spill past 255 registers, so 16 rows per warp there. A define replaces one, as
+// scripts/tune-v6.sh does: -DATTN_V6_TILES_D64=8\,1\,64 (nvcc needs the commas escaped).
+#ifndef ATTN_V6_TILES_D32
+#define ATTN_V6_TILES_D32 4, 2, 64
+#endif
+#ifndef ATTN_V6_TILES_D64
+#define ATTN_V6_TILES_D64 4, 2, 64
+#endif
+#ifndef ATTN_V6_TILES_D80
+#define ATTN_V6_TILES_D80 4, 1, 64
+#endif
+#ifndef ATTN_V6_TILES_D128
+#define ATTN_V6_TILES_D128 4, 1, 64
+#endif
+
+// Calls body(tiles) with the tile shape of this head dim.
 template <typename Body>
 void with_tile_shape(int64_t head_dim, Body&& body) {
   switch (head_dim) {
-    case 32: return body(Tiles<32, 4, 2, 64>{});
-    case 64: return body(Tiles<64, 4, 2, 64>{});
-    case 80: return body(Tiles<80, 4, 1, 64>{});
-    case 128: return body(Tiles<128, 4, 1, 64>{});
+    case 32: return body(Tiles<32, ATTN_V6_TILES_D32>{});
+    case 64: return body(Tiles<64, ATTN_V6_TILES_D64>{});
+    case 80: return body(Tiles<80, ATTN_V6_TILES_D80>{});
+    case 128: return body(Tiles<128, ATTN_V6_TILES_D128>{});
+    default:  // the registration's head dims are these: the harness refuses any other first
+      throw std::logic_error("v6 has no tile shape for head dim " + std::to_string(head_dim));
   }
 }
 

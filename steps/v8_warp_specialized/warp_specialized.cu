@@ -28,6 +28,8 @@
 
 #include <cmath>
 #include <cstdint>
+#include <stdexcept>
+#include <string>
 
 #include "cuda_check.hpp"
 #include "hopper/hopper.cuh"
@@ -61,7 +63,7 @@ struct Tiles {
   static constexpr uint32_t kQBytes = kBlockM * kHeadDim * sizeof(__half);
   static constexpr uint32_t kKVBytes = kBlockN * kHeadDim * sizeof(__half);
   static_assert(kHeadDim % kSwizzleColumns == 0, "whole 64-column swizzle blocks");
-  static_assert(kBlockN % 16 == 0 && kBlockN <= 256, "wgmma's N: a multiple of 16 up to 256");
+  static_assert(hopper::has_wgmma_ss(kBlockN), "a key tile that ptx.cuh has a wgmma_ss for");
   static_assert(kQBytes % 1024 == 0 && kKVBytes % 1024 == 0, "tiles keep 1024-byte alignment");
 };
 
@@ -86,6 +88,17 @@ constexpr uint32_t kSharedBytes = sizeof(SharedStorage<T>) + 1024;
 // its own share of the warpgroup's instruction, so every warp says it is done).
 template <typename T>
 constexpr uint32_t kConsumerWarps = 4 * T::kConsumers;
+
+// Folds kCount values (a power of two) in pairs: ((v0 op v1) op (v2 op v3)) for four, a tree of
+// independent operations rather than one chain. Overwrites `values`.
+template <int kCount, typename Op>
+__device__ __forceinline__ float pairwise(float (&values)[kCount], Op op) {
+  static_assert((kCount & (kCount - 1)) == 0, "a power of two");
+  for (int width = 1; width < kCount; width *= 2) {
+    for (int i = 0; i + width < kCount; i += 2 * width) values[i] = op(values[i], values[i + width]);
+  }
+  return values[0];
+}
 
 // The work tiles of a launch, walked the same way by the producer and the consumers.
 struct WorkTile {
@@ -258,7 +271,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
           maxima[i % kChains] = fmaxf(maxima[i % kChains],
                                       fmaxf(s_acc[4 * i + 2 * half], s_acc[4 * i + 2 * half + 1]));
         }
-        float tile_max = fmaxf(fmaxf(maxima[0], maxima[1]), fmaxf(maxima[2], maxima[3]));
+        float tile_max = pairwise(maxima, [](float a, float b) { return fmaxf(a, b); });
         tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
         tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
         const float max_scaled = tile_max * scale_log2;
@@ -271,7 +284,8 @@ __global__ void __launch_bounds__(T::kThreads, 1)
             sums[i % kChains] += s_acc[4 * i + e];
           }
         }
-        row_sum[half] = row_sum[half] * correction[half] + ((sums[0] + sums[1]) + (sums[2] + sums[3]));
+        row_sum[half] = row_sum[half] * correction[half] +
+                        pairwise(sums, [](float a, float b) { return a + b; });
       }
     };
     // P in fp16, laid out as wgmma's A operand (two 8-key accumulator blocks per 16-key step).
@@ -405,15 +419,26 @@ void launch_for(const attn::AttentionArgs& args) {
   CUDA_CHECK_LAUNCH();
 }
 
-// Calls body(Tiles<...>) with the tile shape of this head dim, chosen by measurement (chapter 10,
-// docs/results/h100/tuning/): at D = 64, 208-key tiles (197, 577 and 1025 keys fill 95-99% of
-// them), two stages, two Q buffers; at D = 128, 160-key tiles with one Q buffer (two would not
-// fit next to them in 227 KB), which beat 128-key tiles with two Q buffers by 10%.
+// The tile shape of each head dim (keys per K/V tile, stages, Q buffers), chosen by measurement
+// (chapter 10, docs/results/h100/tuning/): at D = 64, 208-key tiles (197, 577 and 1025 keys fill
+// 95-99% of them), two stages, two Q buffers; at D = 128, 160-key tiles with one Q buffer (two
+// would not fit next to them in 227 KB), which beat 128-key tiles with two Q buffers by 10%. A
+// define replaces one, as scripts/tune-v8.sh does: -DATTN_V8_TILES_D64=128\,2\,2.
+#ifndef ATTN_V8_TILES_D64
+#define ATTN_V8_TILES_D64 208, 2, 2
+#endif
+#ifndef ATTN_V8_TILES_D128
+#define ATTN_V8_TILES_D128 160, 2, 1
+#endif
+
+// Calls body(Tiles<...>) with the tile shape of this head dim.
 template <typename Body>
 void with_tile_shape(int64_t head_dim, Body&& body) {
   switch (head_dim) {
-    case 64: return body(Tiles<64, 208, 2, 2>{});
-    case 128: return body(Tiles<128, 160, 2, 1>{});
+    case 64: return body(Tiles<64, ATTN_V8_TILES_D64>{});
+    case 128: return body(Tiles<128, ATTN_V8_TILES_D128>{});
+    default:  // the registration's head dims are these: the harness refuses any other first
+      throw std::logic_error("v8 has no tile shape for head dim " + std::to_string(head_dim));
   }
 }
 
