@@ -22,6 +22,7 @@
 
 #include "ceilings.hpp"
 #include "cuda_check.hpp"
+#include "runner.hpp"
 #include "step.hpp"
 
 namespace {
@@ -99,7 +100,7 @@ attn::Shape shape_of(int64_t batch, int64_t heads, int64_t tokens, int64_t head_
     throw Refused{"batch * heads = " + std::to_string(batch * heads) + ": larger than " +
                   std::to_string(INT_MAX)};
   }
-  int64_t bytes = 2;
+  int64_t bytes = sizeof(__half);
   for (int64_t factor : {batch, heads, tokens, head_dim}) {
     if (bytes > INT64_MAX / factor) {
       throw Refused{"shape [" + std::to_string(batch) + ", " + std::to_string(heads) + ", " +
@@ -114,15 +115,7 @@ attn::Shape shape_of(int64_t batch, int64_t heads, int64_t tokens, int64_t head_
 // The calling thread's current device, or CudaError "no CUDA device found (...)", the line the
 // step executables print.
 int current_device() {
-  int count = 0;
-  const cudaError_t status = cudaGetDeviceCount(&count);
-  if (status != cudaSuccess || count == 0) {
-    cudaGetLastError();  // this call's own error: leave nothing pending behind
-    throw attn::CudaError(std::string("no CUDA device found (") +
-                          (status == cudaSuccess ? "the driver reports 0 devices"
-                                                 : cudaGetErrorString(status)) +
-                          "); run this on a machine with an NVIDIA GPU");
-  }
+  attn::require_cuda_device();
   int device = 0;
   CUDA_CHECK(cudaGetDevice(&device));
   return device;
@@ -178,7 +171,7 @@ bool overlaps(const void* a, const void* b, std::size_t bytes) {
 // Bytes from a [B, H, N, D] view's first element to one past its last.
 std::size_t span_bytes(const attn::Shape& shape, const attn::TensorStrides& strides) {
   return std::size_t((shape.batch - 1) * strides.batch + (shape.heads - 1) * strides.head +
-                     (shape.tokens - 1) * strides.token + shape.head_dim) * 2;
+                     (shape.tokens - 1) * strides.token + shape.head_dim) * sizeof(__half);
 }
 
 // Everything a launch needs, judged before anything is queued. Returns the device.
@@ -225,18 +218,9 @@ int check_run(const attn::StepInfo& step, const attn::Shape& shape, const void* 
 
 attn::AttentionArgs args_for(const attn::Shape& shape, const void* q, const void* k,
                              const void* v, void* o, void* workspace, void* stream) {
-  attn::AttentionArgs args;
-  args.q = static_cast<const __half*>(q);
-  args.k = static_cast<const __half*>(k);
-  args.v = static_cast<const __half*>(v);
-  args.o = static_cast<__half*>(o);
-  args.batch = int(shape.batch);
-  args.heads = int(shape.heads);
-  args.tokens = int(shape.tokens);
-  args.head_dim = int(shape.head_dim);
-  args.workspace = workspace;
-  args.stream = static_cast<cudaStream_t>(stream);
-  return args;
+  return attn::attention_args(shape, static_cast<const __half*>(q), static_cast<const __half*>(k),
+                              static_cast<const __half*>(v), static_cast<__half*>(o), workspace,
+                              static_cast<cudaStream_t>(stream));
 }
 
 // Queues the step. A baseline keeps per-process library state (eager: a cuBLAS handle whose
@@ -249,11 +233,6 @@ void launch(const attn::StepInfo& step, const attn::AttentionArgs& args) {
   CUDA_CHECK_LAUNCH();
 }
 
-std::string gibibytes(std::size_t bytes) {
-  char text[32];
-  std::snprintf(text, sizeof text, "%.2f GiB", double(bytes) / double(1ull << 30));
-  return text;
-}
 
 }  // namespace
 
@@ -370,7 +349,7 @@ int attn_run(const char* id, const void* q, const void* k, const void* v, void* 
                                      : cudaMalloc(&workspace, workspace_bytes);
     if (status != cudaSuccess) {
       cudaGetLastError();
-      throw attn::CudaError(step.id + " needs " + gibibytes(workspace_bytes) +
+      throw attn::CudaError(step.id + " needs " + attn::gibibytes(double(workspace_bytes)) +
                             " of workspace at this shape and could not get it (" +
                             cudaGetErrorString(status) + ")");
     }

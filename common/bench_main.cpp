@@ -129,12 +129,6 @@ DeviceLimits list_limits(int device) {
   return limits;
 }
 
-std::string comma_separated(const std::vector<int>& values) {
-  std::string text;
-  for (int value : values) text += (text.empty() ? "" : ",") + std::to_string(value);
-  return text;
-}
-
 // The largest N a step serves at head dim D within these limits: a number, "any", or "none"
 // (the GPU's compute capability is outside the step's range, or no N fits).
 std::string largest_tokens(const StepInfo& step, int64_t head_dim, const DeviceLimits& limits) {
@@ -147,7 +141,7 @@ std::string largest_tokens(const StepInfo& step, int64_t head_dim, const DeviceL
 void print_list(const DeviceLimits& limits) {
   for (const StepInfo& step : registered_steps()) {
     std::cout << step.id << "\t" << largest_tokens(step, step.head_dims.front(), limits) << "\t"
-              << comma_separated(step.head_dims) << "\t" << step.compute_capability_range() << "\t"
+              << join_numbers(step.head_dims, ",") << "\t" << step.compute_capability_range() << "\t"
               << step.title << "\n";
   }
 }

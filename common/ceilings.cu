@@ -72,16 +72,21 @@ double tensor_core_tflops(cudaStream_t stream) {
 
 }  // namespace
 
-GpuInfo open_device(int device) {
+int require_cuda_device() {
   int count = 0;
   const cudaError_t status = cudaGetDeviceCount(&count);
   if (status != cudaSuccess || count == 0) {
-    cudaGetLastError();  // clear the sticky-free error so later calls are not confused
+    cudaGetLastError();  // this call's own error: leave nothing pending behind
     throw CudaError(std::string("no CUDA device found (") +
                     (status == cudaSuccess ? "the driver reports 0 devices"
                                            : cudaGetErrorString(status)) +
                     "); run this on a machine with an NVIDIA GPU");
   }
+  return count;
+}
+
+GpuInfo open_device(int device) {
+  const int count = require_cuda_device();
   if (device >= count) {
     throw CudaError("--device " + std::to_string(device) + ": there are only " +
                     std::to_string(count) + " CUDA device(s)");

@@ -25,6 +25,9 @@ struct Ceilings {
   double tensor_tflops = 0;   // TFLOP/s, 1e12 FLOPs
 };
 
+// Throws CudaError "no CUDA device found (...)" with one clear line when the CUDA runtime sees
+// no device (leaving no error pending behind); returns the device count otherwise.
+int require_cuda_device();
 // Selects the device and reads what it is, or throws CudaError ("no CUDA device ...") with one
 // clear line. Testing aids, to see a step refuse as it would on a smaller GPU: the environment
 // variables ATTN_TEST_SHARED_MEMORY_BYTES and ATTN_TEST_COMPUTE_CAPABILITY (e.g. 101376, 80)

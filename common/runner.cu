@@ -33,12 +33,6 @@ std::map<std::string, std::string>& hung_steps() {
   return steps;
 }
 
-std::string gibibytes(double bytes) {
-  char text[32];
-  std::snprintf(text, sizeof text, "%.2f GiB", bytes / double(1ull << 30));
-  return text;
-}
-
 // One copy of the problem on the device.
 struct DeviceSet {
   DeviceBuffer<__half> q, k, v, o;
@@ -47,17 +41,8 @@ struct DeviceSet {
 
 AttentionArgs args_for(const DeviceSet& set, const Shape& shape, void* workspace,
                        cudaStream_t stream, int max_persistent_blocks) {
-  AttentionArgs args;
-  args.q = set.q.data();
-  args.k = set.k.data();
-  args.v = set.v.data();
-  args.o = set.o.data();
-  args.batch = int(shape.batch);
-  args.heads = int(shape.heads);
-  args.tokens = int(shape.tokens);
-  args.head_dim = int(shape.head_dim);
-  args.workspace = workspace;
-  args.stream = stream;
+  AttentionArgs args = attention_args(shape, set.q.data(), set.k.data(), set.v.data(),
+                                      set.o.data(), workspace, stream);
   args.max_persistent_blocks = max_persistent_blocks;
   return args;
 }
@@ -70,6 +55,12 @@ std::size_t usable_device_bytes() {
 }
 
 }  // namespace
+
+std::string gibibytes(double bytes) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.2f GiB", bytes / double(1ull << 30));
+  return text;
+}
 
 void ensure_fits(const StepInfo& step, const Shape& shape, bool check_all_slices) {
   const std::size_t needed = device_bytes_needed(step, shape, 1, check_all_slices);

@@ -34,6 +34,9 @@ struct RunResult {
   std::vector<__half> output;  // the checked run's O, [B, H, N, D]
 };
 
+// "1.50 GiB": how the harness and the C ABI write sizes of memory.
+std::string gibibytes(double bytes);
+
 // Device memory one run of `step` on `shape` needs with `buffer_sets` rotating copies, and the
 // GPU reference's fp32 output when `check_all_slices`.
 std::size_t device_bytes_needed(const StepInfo& step, const Shape& shape, int buffer_sets,

@@ -21,13 +21,13 @@ bool comes_before(const StepInfo& a, const StepInfo& b) {
   return a.id < b.id;
 }
 
-std::string join(const std::vector<int>& values) {
+}  // namespace
+
+std::string join_numbers(const std::vector<int>& values, const std::string& separator) {
   std::string text;
-  for (int value : values) text += (text.empty() ? "" : ", ") + std::to_string(value);
+  for (int value : values) text += (text.empty() ? "" : separator) + std::to_string(value);
   return text;
 }
-
-}  // namespace
 
 std::string compute_capability_text(int value) {
   return std::to_string(value / 10) + "." + std::to_string(value % 10);
@@ -43,7 +43,7 @@ std::string StepInfo::compute_capability_range() const {
 std::optional<std::string> StepInfo::refuses(const Shape& shape) const {
   if (std::find(head_dims.begin(), head_dims.end(), shape.head_dim) == head_dims.end()) {
     return id + " does not serve --head-dim " + std::to_string(shape.head_dim) +
-           " (it serves head dims " + join(head_dims) + ")";
+           " (it serves head dims " + join_numbers(head_dims, ", ") + ")";
   }
   return std::nullopt;
 }

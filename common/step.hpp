@@ -52,6 +52,24 @@ struct AttentionArgs {
   int max_persistent_blocks = 0;
 };
 
+// The arguments of a launch on contiguous tensors (no views), the harness's and the C ABI's.
+inline AttentionArgs attention_args(const Shape& shape, const __half* q, const __half* k,
+                                    const __half* v, __half* o, void* workspace,
+                                    cudaStream_t stream) {
+  AttentionArgs args;
+  args.q = q;
+  args.k = k;
+  args.v = v;
+  args.o = o;
+  args.batch = int(shape.batch);
+  args.heads = int(shape.heads);
+  args.tokens = int(shape.tokens);
+  args.head_dim = int(shape.head_dim);
+  args.workspace = workspace;
+  args.stream = stream;
+  return args;
+}
+
 using LaunchFn = void (*)(const AttentionArgs&);
 using WorkspaceFn = std::size_t (*)(const Shape&);
 using SharedBytesFn = std::size_t (*)(const Shape&);
@@ -125,6 +143,8 @@ struct StepInfo {
 
 // 90 -> "9.0".
 std::string compute_capability_text(int value);
+// {64, 128} -> "64, 128" with ", ", "64,128" with ",".
+std::string join_numbers(const std::vector<int>& values, const std::string& separator);
 
 // The registry, filled before main() by the ATTN_REGISTER_STEP lines of the linked steps,
 // sorted by id (v0 < v1 < ... < v10, then the baselines).

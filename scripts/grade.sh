@@ -84,6 +84,7 @@ while [ "$#" -gt 0 ]; do
   shift
 done
 [ "${#steps[@]}" -gt 0 ] || steps=("${available_steps[@]}")
+mapfile -t steps < <(printf '%s\n' "${steps[@]}" | awk '!seen[$0]++')  # "7 v7 7" grades step 7 once
 command -v python3 >/dev/null || fail_runtime "python3 not found; it writes the report (scripts/setup.sh installs it)"
 command -v ctest >/dev/null || fail_runtime "ctest not found; install CMake (scripts/setup.sh)"
 

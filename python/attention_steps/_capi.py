@@ -4,13 +4,16 @@ Needs the Python standard library only: listing the steps, asking whether one se
 and running one on raw device pointers all work without PyTorch (the torch layer is
 attention_steps.torch_bridge).
 
-Where the library is found, first hit wins:
+Where the library is found:
   1. the path given to load_library(path) (a file, or a folder holding libattention_steps.so);
-  2. the environment variable ATTENTION_STEPS_LIBRARY (a file or a folder);
-  3. the build folder of this checkout: <repository>/build/libattention_steps.so;
-  4. the system's loader (LD_LIBRARY_PATH, ldconfig).
+  2. else the environment variable ATTENTION_STEPS_LIBRARY (a file or a folder);
+  3. else the build folder of this checkout, <repository>/build/libattention_steps.so, then the
+     system's loader (LD_LIBRARY_PATH, ldconfig).
+A path given in 1 or 2 is the only place looked at: if it holds no library, that is an error,
+not a reason to load another one.
 """
 import ctypes
+import operator
 import os
 import pathlib
 import threading
@@ -116,18 +119,19 @@ def _candidates(path):
 
     if path is not None:
         return [expand(path, "given")]
-    found = []
     if os.environ.get(ENVIRONMENT_VARIABLE):
-        found.append(expand(os.environ[ENVIRONMENT_VARIABLE], ENVIRONMENT_VARIABLE))
-    found.append((REPOSITORY / "build" / LIBRARY_NAME, "this checkout's build folder"))
-    found.append((LIBRARY_NAME, "the system loader"))
-    return found
+        return [expand(os.environ[ENVIRONMENT_VARIABLE], ENVIRONMENT_VARIABLE)]
+    return [(REPOSITORY / "build" / LIBRARY_NAME, "this checkout's build folder"),
+            (LIBRARY_NAME, "the system loader")]
 
 
 def _shape(shape: Sequence[int]):
     if len(shape) != 4:
         raise ValueError(f"shape must be (batch, heads, tokens, head_dim); got {tuple(shape)}")
-    return tuple(int(size) for size in shape)
+    try:  # integers only (int, numpy and torch integers): "197" or 197.5 is a mistake, not 197
+        return tuple(operator.index(size) for size in shape)
+    except TypeError:
+        raise TypeError(f"shape must hold integers; got {tuple(shape)}") from None
 
 
 class Library:
@@ -238,10 +242,11 @@ class Library:
         self._call("attn_check", self._id(step), *_shape(shape))
 
     def refusal(self, step, shape) -> Optional[str]:
-        """Why the step does not serve shape (B, H, N, D) on the current GPU, or None."""
+        """Why the step does not serve shape (B, H, N, D) on the current GPU, or None. Without
+        a usable GPU that is the library's own line ("no CUDA device found (...)")."""
         try:
             self.check(step, shape)
-        except StepRefused as refused:
+        except (StepRefused, CudaError) as refused:
             return str(refused)
         return None
 

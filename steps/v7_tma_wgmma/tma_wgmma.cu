@@ -255,24 +255,16 @@ template <int kHeadDim>
 void launch_for(const attn::AttentionArgs& args) {
   using T = Tiles<kHeadDim>;
   const int64_t slices = int64_t(args.batch) * args.heads;
-  // Q, K, V and O may be views (AttentionArgs): the tensor maps carry their strides.
-  const attn::TensorStrides qkv = attn::actual_strides(args.qkv_strides, args.heads, args.tokens, kHeadDim);
-  const attn::TensorStrides o = attn::actual_strides(args.o_strides, args.heads, args.tokens, kHeadDim);
-  auto map = [&](const __half* tensor, attn::TensorStrides strides, int box_rows) {
-    return hopper::tensor_map(tensor, args.batch, args.heads, args.tokens, kHeadDim, strides, box_rows,
-                              T::kSwizzleColumns, hopper::tensor_map_swizzle(T::kSwizzle));
-  };
-  const CUtensorMap q_map = map(args.q, qkv, T::kBlockM);
-  const CUtensorMap k_map = map(args.k, qkv, T::kBlockN);
-  const CUtensorMap v_map = map(args.v, qkv, T::kBlockN);
-  const CUtensorMap o_map = map(args.o, o, 64);
+  // Q in blocks of rows, K and V in tiles of keys, O in a warpgroup's 64 rows (views too).
+  const hopper::AttentionMaps maps =
+      hopper::attention_maps<T::kSwizzle>(args, T::kBlockM, T::kBlockN, 64);
   auto kernel = tma_wgmma_attention_kernel<kHeadDim>;
   CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                   int(kSharedBytes<kHeadDim>)));
   const int row_tiles = (args.tokens + T::kBlockM - 1) / T::kBlockM;
   const float scale_log2 = float(M_LOG2E / std::sqrt(double(kHeadDim)));
   kernel<<<unsigned(int64_t(row_tiles) * slices), T::kThreads, kSharedBytes<kHeadDim>, args.stream>>>(
-      q_map, k_map, v_map, o_map, args.heads, args.tokens, row_tiles, scale_log2);
+      maps.q, maps.k, maps.v, maps.o, args.heads, args.tokens, row_tiles, scale_log2);
   CUDA_CHECK_LAUNCH();
 }
 

@@ -389,19 +389,11 @@ __global__ void __launch_bounds__(T::kThreads, 1)
 
 template <typename T>
 void launch_for(const attn::AttentionArgs& args) {
-  constexpr int kHeadDim = T::kHeadDim, kBlockN = T::kBlockN;
+  constexpr int kHeadDim = T::kHeadDim;
   const int64_t slices = int64_t(args.batch) * args.heads;
-  // Q, K, V and O may be views (AttentionArgs): the tensor maps carry their strides.
-  const attn::TensorStrides qkv = attn::actual_strides(args.qkv_strides, args.heads, args.tokens, kHeadDim);
-  const attn::TensorStrides o = attn::actual_strides(args.o_strides, args.heads, args.tokens, kHeadDim);
-  auto map = [&](const __half* tensor, attn::TensorStrides strides, int box_rows) {
-    return hopper::tensor_map(tensor, args.batch, args.heads, args.tokens, kHeadDim, strides, box_rows,
-                              T::kSwizzleColumns, hopper::tensor_map_swizzle(T::kSwizzle));
-  };
-  const CUtensorMap q_map = map(args.q, qkv, T::kBlockM);
-  const CUtensorMap k_map = map(args.k, qkv, kBlockN);
-  const CUtensorMap v_map = map(args.v, qkv, kBlockN);
-  const CUtensorMap o_map = map(args.o, o, 64);
+  // Q in work tiles of rows, K and V in tiles of keys, O in a consumer's 64 rows (views too).
+  const hopper::AttentionMaps maps =
+      hopper::attention_maps<T::kSwizzle>(args, T::kBlockM, T::kBlockN, 64);
   auto kernel = warp_specialized_attention_kernel<T>;
   CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                   int(kSharedBytes<T>)));
@@ -415,7 +407,7 @@ void launch_for(const attn::AttentionArgs& args) {
   if (args.max_persistent_blocks > 0) blocks = std::min(blocks, args.max_persistent_blocks);
   const float scale_log2 = float(M_LOG2E / std::sqrt(double(kHeadDim)));
   kernel<<<blocks, T::kThreads, kSharedBytes<T>, args.stream>>>(
-      q_map, k_map, v_map, o_map, args.heads, args.tokens, row_tiles, int(work_tiles), scale_log2);
+      maps.q, maps.k, maps.v, maps.o, args.heads, args.tokens, row_tiles, int(work_tiles), scale_log2);
   CUDA_CHECK_LAUNCH();
 }
 

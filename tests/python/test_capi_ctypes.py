@@ -51,6 +51,25 @@ class Package(unittest.TestCase):
         self.assertIn("/nonexistent/libattention_steps.so", str(caught.exception))
         self.assertIn(steps.ENVIRONMENT_VARIABLE, str(caught.exception))
 
+    def test_a_library_path_in_the_environment_is_the_only_place_looked_at(self):
+        saved = os.environ.get(steps.ENVIRONMENT_VARIABLE)
+        os.environ[steps.ENVIRONMENT_VARIABLE] = "/nonexistent/folder"
+        try:
+            with self.assertRaises(steps.LibraryNotFoundError) as caught:
+                steps._capi.Library()  # not load_library(): that keeps the one already loaded
+            self.assertIn("/nonexistent/folder", str(caught.exception))
+            self.assertNotIn("build folder", str(caught.exception))
+        finally:
+            if saved is None:
+                del os.environ[steps.ENVIRONMENT_VARIABLE]
+            else:
+                os.environ[steps.ENVIRONMENT_VARIABLE] = saved
+
+    def test_shape_sizes_must_be_integers(self):
+        for shape in ((1, 1, "197", 64), (1, 1, 197.5, 64), (1, 1, 197.0, 64)):
+            with self.assertRaisesRegex(TypeError, "integers"):
+                steps.check("v0", shape)
+
     def test_library_found_by_folder(self):
         path = os.environ.get(steps.ENVIRONMENT_VARIABLE)
         if not path:
@@ -116,9 +135,9 @@ class NoDevice(unittest.TestCase):
             self.skipTest("a CUDA device is present: the no-device answers are tested without one")
 
     def test_every_gpu_question_answers_no_cuda_device(self):
+        self.assertIn("no CUDA device found", steps.refusal("v6", (2, 3, 65, 64)))
         for call in (steps.device_info,
                      lambda: steps.check("v0", (2, 3, 65, 64)),
-                     lambda: steps.refusal("v6", (2, 3, 65, 64)),
                      lambda: steps.max_tokens("v1", 64),
                      lambda: steps.load_library().run("v0", 16, 16, 16, 4096, (1, 1, 1, 64))):
             with self.assertRaisesRegex(steps.CudaError, "no CUDA device found") as caught:
