@@ -33,18 +33,20 @@ struct BenchOptions {
   int device = 0;
   bool list = false;
   bool gpu_table = false;
+  bool csv_header = false;
 };
 
 const char* kUsage =
     "usage: bench [--steps all|ID,ID,...] [--tokens N,N,...] [--head-dim D,D,...] [--batch B]\n"
     "             [--heads H] [--iters I] [--warmup W] [--seed S] [--check sample|full|none]\n"
-    "             [--csv FILE] [--device K] [--list] [--gpu-table]\n"
+    "             [--csv FILE] [--device K] [--list] [--gpu-table] [--csv-header]\n"
     "--list prints one tab-separated line per step and baseline: id, the largest N it serves on\n"
     "  this GPU at its first head dim (a number, 'any', or 'none' when this GPU cannot run it),\n"
     "  head dims, compute capability ('8.0+': 8.0 or newer; '9.0': that one alone), title.\n"
     "  The GPU whose limits it used is named on stderr; with no GPU, an H100's.\n"
     "--gpu-table prints, as a Markdown table, each step's compute capability and the largest N\n"
     "  at D = 64 for the shared memory per block of common GPUs (README: Which GPU do I need).\n"
+    "--csv-header prints the CSV's header line, the schema every results CSV shares.\n"
     "Runs every registered step (or the ones named) and the baselines over each token count\n"
     "and head dim, checks each against the fp64 reference, and writes one CSV row per run\n"
     "(to FILE, or to stdout when no --csv is given). Defaults: all steps, tokens 197,577,1025,\n"
@@ -67,6 +69,8 @@ BenchOptions parse(int argc, char** argv) {
       options.list = true;
     } else if (name == "--gpu-table") {
       options.gpu_table = true;
+    } else if (name == "--csv-header") {
+      options.csv_header = true;
     } else if (name == "--steps") {
       const std::string list = value();
       if (list != "all") {
@@ -174,6 +178,10 @@ void print_gpu_table() {
 }
 
 int run(const BenchOptions& options) {
+  if (options.csv_header) {
+    std::cout << csv_header() << "\n";
+    return kExitPassed;
+  }
   if (options.gpu_table) {
     print_gpu_table();
     return kExitPassed;

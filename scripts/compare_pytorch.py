@@ -47,7 +47,9 @@ import statistics
 import sys
 import warnings
 
-# common/report.cpp, csv_header(): the rows must be interchangeable with the bench's.
+# common/report.cpp, csv_header(): the rows must be interchangeable with the bench's (ctest's
+# cpu.csv_schema_shared compares this with `bench --csv-header`). The tolerances and counts below
+# are check.hpp's and problem.hpp's, for the same reason: this script runs without the bench.
 CSV_COLUMNS = (
     "step,batch,heads,tokens,head_dim,median_us,min_us,max_us,iters,warmup,buffer_sets,"
     "tflops,gbps,fraction_tensor_peak,fraction_bandwidth,tensor_peak_tflops,copy_gbps,"

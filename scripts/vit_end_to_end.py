@@ -353,6 +353,8 @@ def errors(torch, logits, reference):
             (difference.norm() / reference.float().norm().clamp_min(1e-30)).item())
 
 
+# Left as one function: its phases (check, time, profile) share the model, the inputs and the
+# tolerances, and it only runs on a GPU; split it when other models join it (DETR, SETR).
 def run_model_size(torch, torchvision, steps_module, library, args, name, image, clock,
                    models_left, gpu, date, log):
     rows, kernel_rows = [], []

@@ -202,6 +202,8 @@ def swap_attention(model, step="v6", *, attention_fn=None, library=None):
         raise ValueError(f"{type(model).__name__} has no `self_attention` nn.MultiheadAttention "
                          "to swap (expected a torchvision VisionTransformer)")
     if attention_fn is None:
+        # Judged from the step's listing, not attn_check: that also needs a GPU, and a model's
+        # wiring is swapped (and tested) on machines without one.
         info = (library or load_library()).step(step)
         head_dims = {getattr(parent, name).head_dim for parent, name in blocks}
         unserved = sorted(head_dims - set(info.head_dims))
