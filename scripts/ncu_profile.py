@@ -6,6 +6,7 @@ shared memory per block, and the launch shape.
 
   scripts/ncu_profile.py --out OUTDIR [--build-dir build] [--tokens 577] [--steps all|ID,ID,...]
                      [--ncu PATH] [--kernel-regex attention] [--timeout SECONDS]
+                     [--sections NAME,NAME,...]
 
 Each step runs once under `ncu --clock-control none` (the GPU at its own clocks, as the bench
 times it): `stepN --tokens N --iters 1 --warmup 0 --check none` at B=32, H=12, D=64, with a
@@ -22,6 +23,9 @@ block) are the longest kernel's, named in main_kernel.
 
 Writes OUTDIR/profile.csv and, per step, OUTDIR/profile/<id>.ncu-rep (open it in Nsight
 Compute), <id>.log (ncu's and the program's output) and <id>_raw.csv (ncu --page raw).
+--sections adds ncu's sections by name (ComputeWorkloadAnalysis, SchedulerStats,
+WarpStateStats, ...: what limits a kernel beyond the table's columns) and writes each step's
+details page, every section's metrics with their units, to OUTDIR/profile/<id>_details.csv.
 A metric this ncu does not know leaves its cell empty. A step this GPU cannot run at the shape
 (its compute capability, or the shared memory the shape needs) refuses with exit 2 before any
 kernel runs; its row's status is "skipped: <the refusal>". Standard library only.
@@ -101,6 +105,7 @@ def parse_args(argv):
     parser.add_argument("--ncu", help="ncu to use (default: PATH, then /usr/local/cuda/bin)")
     parser.add_argument("--kernel-regex", default="attention", help="the steps' kernel filter (default attention)")
     parser.add_argument("--timeout", default="300", help="seconds per step (default 300)")
+    parser.add_argument("--sections", default="", help="ncu sections to add, comma separated")
     args = parser.parse_args(argv)
     for flag in ("tokens", "timeout"):
         text = getattr(args, flag)
@@ -143,6 +148,8 @@ def command_for(step, args, ncu, report):
              "--head-dim", str(HEAD_DIM), "--iters", "1", "--warmup", "0", "--check", "none"]
     profiler = [ncu, "--clock-control", "none", "--metrics", ",".join(METRICS), "--export", report,
                 "--force-overwrite"]
+    for section in filter(None, args.sections.split(",")):
+        profiler += ["--section", section]
     if step == "eager":
         return profiler + [os.path.join(args.build_dir, "bench"), "--steps", "eager"] + shape
     binary = os.path.join(args.build_dir, "step" + step[1:])
@@ -329,6 +336,11 @@ def profile_step(step, args, ncu, folder):
         return None, f"failed: ncu --import exited {result.returncode}: {' '.join(result.stderr.split())[:160]}"
     with open(os.path.join(folder, f"{step}_raw.csv"), "w", encoding="utf-8") as raw:
         raw.write(imported)
+    if args.sections:  # the sections' own page: every metric of each, with its unit
+        details = subprocess.run([ncu, "--import", report + ".ncu-rep", "--csv", "--page", "details"],
+                                 capture_output=True, text=True, timeout=args.timeout)
+        with open(os.path.join(folder, f"{step}_details.csv"), "w", encoding="utf-8") as page:
+            page.write(details.stdout if details.returncode == 0 else details.stderr)
     kernels, units = parse_raw_csv(imported)
     chosen, note = last_invocation(kernels, units)
     if not chosen:
