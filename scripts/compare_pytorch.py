@@ -49,7 +49,8 @@ import warnings
 
 # common/report.cpp, csv_header(): the rows must be interchangeable with the bench's (ctest's
 # cpu.csv_schema_shared compares this with `bench --csv-header`). The tolerances and counts below
-# are check.hpp's and problem.hpp's, for the same reason: this script runs without the bench.
+# are copies of the C++ constants named beside each (this script runs without the bench; the same test checks
+# each copy against its source).
 CSV_COLUMNS = (
     "step,batch,heads,tokens,head_dim,median_us,min_us,max_us,iters,warmup,buffer_sets,"
     "tflops,gbps,fraction_tensor_peak,fraction_bandwidth,tensor_peak_tflops,copy_gbps,"
