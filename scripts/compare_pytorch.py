@@ -361,6 +361,7 @@ def measure(bench, torch, steps, tools, steps_module, shape, seed, windows):
 def row_for(step, shape, result, ceilings, gpu):
     batch, heads, tokens, head_dim = shape
     tensor_tflops, copy_gbps = ceilings
+    # common/problem.hpp's Shape::flops() and min_bytes(): two N x N x D GEMMs, Q, K, V and O once.
     flops = 4.0 * batch * heads * tokens * tokens * head_dim
     min_bytes = 4.0 * batch * heads * tokens * head_dim * 2
     row = dict.fromkeys(CSV_COLUMNS + WINDOW_COLUMNS, "")
