@@ -19,6 +19,7 @@
 #include <mutex>
 #include <new>
 #include <string>
+#include <tuple>
 
 #include "ceilings.hpp"
 #include "cuda_check.hpp"
@@ -265,6 +266,7 @@ int attn_step_get(int index, attn_step_info* info) {
     info->uses_shared_memory = step.shared_bytes != nullptr ? 1 : 0;
     info->uses_workspace = step.workspace_bytes != nullptr ? 1 : 0;
     info->takes_strides = step.takes_strides ? 1 : 0;
+    info->writes_log_sum_exp = step.writes_log_sum_exp ? 1 : 0;
   });
 }
 
@@ -398,6 +400,68 @@ int attn_run_with_workspace(const char* id, const void* q, const void* k, const 
   });
 }
 
+}  // extern "C"
+
+namespace {
+
+// attn_run_strided and attn_run_with_log_sum_exp: views (either strides may be NULL) and, when
+// `log_sum_exp` is not NULL, L. Nothing is queued unless every argument is accepted.
+void run_views(const char* id, const void* q, const void* k, const void* v, void* o,
+               void* log_sum_exp, int64_t batch, int64_t heads, int64_t tokens, int64_t head_dim,
+               const attn_strides* qkv_strides, const attn_strides* o_strides, void* stream) {
+  const attn::StepInfo& step = step_named(id);
+  const attn::Shape shape = shape_of(batch, heads, tokens, head_dim);
+  if (log_sum_exp != nullptr && !step.writes_log_sum_exp) {
+    throw Refused{step.id + " does not write L (the log-sum-exp); steps that do have "
+                  "writes_log_sum_exp in their info"};
+  }
+  if ((qkv_strides != nullptr || o_strides != nullptr) && !step.takes_strides) {
+    throw Refused{step.id + " reads and writes contiguous [B, H, N, D] tensors only; give "
+                  "contiguous ones (NULL strides), or use a step that takes views"};
+  }
+  auto strides_of = [&](const char* name, const attn_strides* given) {
+    if (given == nullptr) return attn::TensorStrides{};
+    for (int64_t stride : {given->batch, given->head, given->token}) {
+      if (stride < head_dim || stride % 8 != 0) {
+        throw Refused{std::string(name) + " strides {" + std::to_string(given->batch) + ", " +
+                      std::to_string(given->head) + ", " + std::to_string(given->token) +
+                      "}: each must be a multiple of 8 elements (16 bytes) and at least "
+                      "head_dim (" + std::to_string(head_dim) + ")"};
+      }
+    }
+    return attn::TensorStrides{given->batch, given->head, given->token};
+  };
+  attn::AttentionArgs args = args_for(shape, q, k, v, o, nullptr, stream);
+  args.qkv_strides = strides_of("qkv", qkv_strides);
+  args.o_strides = strides_of("o", o_strides);
+  const int device = check_run(step, shape, q, k, v, o, stream, args.qkv_strides, args.o_strides);
+  if (step.workspace_for(shape) > 0) throw Refused{step.id + " needs a workspace: use attn_run"};
+  if (log_sum_exp != nullptr) {
+    check_pointer("log_sum_exp", log_sum_exp, device);
+    const std::size_t rows_bytes = std::size_t(shape.slices() * shape.tokens) * sizeof(float);
+    const std::size_t input_bytes = span_bytes(
+        shape, attn::actual_strides(args.qkv_strides, shape.heads, shape.tokens, shape.head_dim));
+    const std::size_t output_bytes = span_bytes(
+        shape, attn::actual_strides(args.o_strides, shape.heads, shape.tokens, shape.head_dim));
+    const auto x = reinterpret_cast<std::uintptr_t>(log_sum_exp);
+    for (const auto& [name, tensor, bytes] :
+         {std::tuple<const char*, const void*, std::size_t>{"q", q, input_bytes},
+          {"k", k, input_bytes}, {"v", v, input_bytes}, {"o", o, output_bytes}}) {
+      const auto y = reinterpret_cast<std::uintptr_t>(tensor);
+      if (x < y + bytes && y < x + rows_bytes) {
+        throw Refused{std::string("log_sum_exp overlaps ") + name +
+                      ": L must not share memory with an input or O"};
+      }
+    }
+    args.log_sum_exp = static_cast<float*>(log_sum_exp);
+  }
+  launch(step, args);
+}
+
+}  // namespace
+
+extern "C" {
+
 int attn_run_strided(const char* id, const void* q, const void* k, const void* v, void* o,
                      int64_t batch, int64_t heads, int64_t tokens, int64_t head_dim,
                      const attn_strides* qkv_strides, const attn_strides* o_strides, void* stream,
@@ -406,30 +470,20 @@ int attn_run_strided(const char* id, const void* q, const void* k, const void* v
     return attn_run(id, q, k, v, o, batch, heads, tokens, head_dim, stream, message, message_size);
   }
   return guarded(message, message_size, [&] {
-    const attn::StepInfo& step = step_named(id);
-    const attn::Shape shape = shape_of(batch, heads, tokens, head_dim);
-    if (!step.takes_strides) {
-      throw Refused{step.id + " reads and writes contiguous [B, H, N, D] tensors only; give "
-                    "contiguous ones (NULL strides), or use a step that takes views"};
-    }
-    auto strides_of = [&](const char* name, const attn_strides* given) {
-      if (given == nullptr) return attn::TensorStrides{};
-      for (int64_t stride : {given->batch, given->head, given->token}) {
-        if (stride < head_dim || stride % 8 != 0) {
-          throw Refused{std::string(name) + " strides {" + std::to_string(given->batch) + ", " +
-                        std::to_string(given->head) + ", " + std::to_string(given->token) +
-                        "}: each must be a multiple of 8 elements (16 bytes) and at least "
-                        "head_dim (" + std::to_string(head_dim) + ")"};
-        }
-      }
-      return attn::TensorStrides{given->batch, given->head, given->token};
-    };
-    attn::AttentionArgs args = args_for(shape, q, k, v, o, nullptr, stream);
-    args.qkv_strides = strides_of("qkv", qkv_strides);
-    args.o_strides = strides_of("o", o_strides);
-    check_run(step, shape, q, k, v, o, stream, args.qkv_strides, args.o_strides);
-    if (step.workspace_for(shape) > 0) throw Refused{step.id + " needs a workspace: use attn_run"};
-    launch(step, args);
+    run_views(id, q, k, v, o, nullptr, batch, heads, tokens, head_dim, qkv_strides, o_strides,
+              stream);
+  });
+}
+
+int attn_run_with_log_sum_exp(const char* id, const void* q, const void* k, const void* v,
+                              void* o, void* log_sum_exp, int64_t batch, int64_t heads,
+                              int64_t tokens, int64_t head_dim, const attn_strides* qkv_strides,
+                              const attn_strides* o_strides, void* stream, char* message,
+                              std::size_t message_size) {
+  return guarded(message, message_size, [&] {
+    if (log_sum_exp == nullptr) throw Refused{"log_sum_exp is NULL; attn_run_strided runs without L"};
+    run_views(id, q, k, v, o, log_sum_exp, batch, heads, tokens, head_dim, qkv_strides, o_strides,
+              stream);
   });
 }
 

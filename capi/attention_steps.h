@@ -35,7 +35,7 @@ extern "C" {
 #endif
 
 /* Bumped when a signature or a struct below changes. */
-#define ATTN_ABI_VERSION 2
+#define ATTN_ABI_VERSION 3
 
 #define ATTN_OK 0
 #define ATTN_REFUSED 2
@@ -56,6 +56,7 @@ typedef struct attn_step_info {
   int uses_shared_memory;      /* 1 when its shared memory per block depends on the shape */
   int uses_workspace;          /* 1 when it needs scratch device memory (attn_workspace_bytes) */
   int takes_strides;           /* 1 when it reads and writes views (attn_run_strided) */
+  int writes_log_sum_exp;      /* 1 when it writes L (attn_run_with_log_sum_exp) */
 } attn_step_info;
 
 /* The strides, in elements, of a [B, H, N, D] view whose rows of D values are contiguous:
@@ -128,6 +129,18 @@ int attn_run_strided(const char* id, const void* q, const void* k, const void* v
                      int64_t batch, int64_t heads, int64_t tokens, int64_t head_dim,
                      const attn_strides* qkv_strides, const attn_strides* o_strides, void* stream,
                      char* message, size_t message_size);
+
+/* attn_run_strided that also writes L, each row's log-sum-exp, for a backward pass:
+ * L = log(sum_j exp(s_j)) with s = q K^T / sqrt(D), so that P = exp(s - L) is rebuilt without O.
+ * `log_sum_exp` is device memory of the current device, 16-byte aligned, holding
+ * batch*heads*tokens fp32 values laid out [B, H, N] (contiguous, whatever the strides of Q, K,
+ * V and O), and must not overlap them. Only a step whose info has writes_log_sum_exp accepts it;
+ * NULL is refused (attn_run_strided runs without L). */
+int attn_run_with_log_sum_exp(const char* id, const void* q, const void* k, const void* v,
+                              void* o, void* log_sum_exp, int64_t batch, int64_t heads,
+                              int64_t tokens, int64_t head_dim, const attn_strides* qkv_strides,
+                              const attn_strides* o_strides, void* stream, char* message,
+                              size_t message_size);
 
 #ifdef __cplusplus
 }

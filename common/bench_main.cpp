@@ -34,12 +34,14 @@ struct BenchOptions {
   bool list = false;
   bool gpu_table = false;
   bool csv_header = false;
+  bool log_sum_exp = false;
 };
 
 const char* kUsage =
     "usage: bench [--steps all|ID,ID,...] [--tokens N,N,...] [--head-dim D,D,...] [--batch B]\n"
     "             [--heads H] [--iters I] [--warmup W] [--seed S] [--check sample|full|none]\n"
-    "             [--csv FILE] [--device K] [--list] [--gpu-table] [--csv-header]\n"
+    "             [--csv FILE] [--device K] [--log-sum-exp] [--list] [--gpu-table]\n"
+    "             [--csv-header]\n"
     "--list prints one tab-separated line per step and baseline: id, the largest N it serves on\n"
     "  this GPU at its first head dim (a number, 'any', or 'none' when this GPU cannot run it),\n"
     "  head dims, compute capability ('8.0+': 8.0 or newer; '9.0': that one alone), title.\n"
@@ -47,6 +49,9 @@ const char* kUsage =
     "--gpu-table prints, as a Markdown table, each step's compute capability and the largest N\n"
     "  at D = 64 for the shared memory per block of common GPUs (README: Which GPU do I need).\n"
     "--csv-header prints the CSV's header line, the schema every results CSV shares.\n"
+    "--log-sum-exp times the forward a training step runs: each step also writes L, each row's\n"
+    "  log-sum-exp, for the backward pass. Its rows are named ID+lse; a step that does not\n"
+    "  write L is a row 'skipped: <why>'.\n"
     "Runs every registered step (or the ones named) and the baselines over each token count\n"
     "and head dim, checks each against the fp64 reference, and writes one CSV row per run\n"
     "(to FILE, or to stdout when no --csv is given). Defaults: all steps, tokens 197,577,1025,\n"
@@ -71,6 +76,8 @@ BenchOptions parse(int argc, char** argv) {
       options.gpu_table = true;
     } else if (name == "--csv-header") {
       options.csv_header = true;
+    } else if (name == "--log-sum-exp") {
+      options.log_sum_exp = true;
     } else if (name == "--steps") {
       const std::string list = value();
       if (list != "all") {
@@ -217,7 +224,7 @@ int run(const BenchOptions& options) {
       for (const std::string& id : options.steps) {
         const StepInfo& step = *find_step(id);
         Record record;
-        record.step = step.id;
+        record.step = options.log_sum_exp ? step.id + "+lse" : step.id;
         record.title = step.title;
         record.shape = shape;
         record.gpu = gpu;
@@ -225,12 +232,15 @@ int run(const BenchOptions& options) {
         record.date = today_utc();
         if (auto reason = step.refuses(shape, gpu.limits())) {
           record.status = "skipped: " + *reason;
+        } else if (options.log_sum_exp && !step.writes_log_sum_exp) {
+          record.status = "skipped: " + step.id + " does not write L (--log-sum-exp)";
         } else {
           try {
             RunConfig config;
             config.warmup = options.warmup;
             config.iters = options.iters;
             config.max_persistent_blocks = max_persistent_blocks;
+            config.timed_log_sum_exp = options.log_sum_exp;
             const RunResult result = run_step(
                 step, inputs, options.check == CheckMode::none ? nullptr : &reference, config);
             record.timing = result.timing;

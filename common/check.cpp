@@ -121,4 +121,37 @@ CheckResult compare(const HostTensors& inputs, const Reference& reference,
   return result;
 }
 
+void compare_log_sum_exp(const Shape& shape, const Reference& reference,
+                         const std::vector<float>& log_sum_exp, const std::vector<float>& all_rows,
+                         CheckResult& result) {
+  const int64_t tokens = shape.tokens;
+  std::string worst;
+  // One row of the step's L against a reference value; `against` names the reference.
+  auto check_row = [&](int64_t row_index, double want, const char* against) {
+    const double got = double(log_sum_exp[std::size_t(row_index)]);
+    const double error = std::isfinite(got) ? std::fabs(got - want) : INFINITY;
+    if (error > result.log_sum_exp_max_error) {  // a NaN's error is infinite: the first is named
+      result.log_sum_exp_max_error = error;
+      worst = "largest error of L (the log-sum-exp) against the " + std::string(against) +
+              " at slice " + std::to_string(row_index / tokens) + ", row " +
+              std::to_string(row_index % tokens) + ": got " + std::to_string(got) + ", want " +
+              std::to_string(want);
+    }
+  };
+  for (std::size_t which = 0; which < reference.slices.size(); ++which) {
+    for (int64_t row = 0; row < tokens; ++row) {
+      check_row(reference.slices[which] * tokens + row, reference.log_sum_exp[which][std::size_t(row)],
+                "fp64 reference");
+    }
+  }
+  for (std::size_t row_index = 0; row_index < all_rows.size(); ++row_index) {
+    check_row(int64_t(row_index), double(all_rows[row_index]), "GPU reference");
+  }
+  result.log_sum_exp_rows =
+      all_rows.empty() ? int64_t(reference.slices.size()) * tokens : int64_t(all_rows.size());
+  const bool passed = result.log_sum_exp_max_error <= kLogSumExpTolerance;
+  if (!passed && result.passed) result.worst = worst;  // O passed: say where L failed
+  result.passed = result.passed && passed;
+}
+
 }  // namespace attn

@@ -33,6 +33,12 @@ namespace attn {
 constexpr double kUnitRoundoff = 0x1.0p-11;             // fp16
 constexpr double kRelativeTolerance = 4 * kUnitRoundoff;  // on ||O - ref||_F / ||ref||_F
 constexpr double kAbsoluteFactor = 4 * kUnitRoundoff;     // max |O - ref| <= this * max|V|
+// L, the log-sum-exp of each row's scaled scores that a step writes for a backward pass
+// (AttentionArgs::log_sum_exp), is used as P = exp(s - L): an error e in L is a relative error e
+// in every p of its row. A correct kernel's L carries its fp32 scores' error, the same error
+// that moves its P (and O) in the forward, and the fp32 row sum's (~1e-6): both far below 4u,
+// the bound we allow, so a P rebuilt from L is as good as the P the forward used.
+constexpr double kLogSumExpTolerance = 4 * kUnitRoundoff;  // max |L - ref|, natural-log units
 
 struct CheckResult {
   bool checked = false;  // false for --check none
@@ -49,6 +55,10 @@ struct CheckResult {
   double all_relative_error = 0;
   double all_max_abs_error = 0;
   double all_abs_tolerance = 0;
+  // L of every checked row (0 rows: the step was not asked for L): against the CPU reference for
+  // the sampled slices and the GPU reference for all.
+  int64_t log_sum_exp_rows = 0;
+  double log_sum_exp_max_error = 0;
   std::string pipeline_violation;  // a Hopper step's checked build: the first rule it broke
   std::string worst;  // where the largest error is, for the failure message
 };
@@ -60,5 +70,12 @@ std::vector<int64_t> slices_to_check(const Shape& shape, CheckMode mode, uint64_
 // `all_slices`: the GPU reference's O for every slice ([B, H, N, D] fp32), or empty.
 CheckResult compare(const HostTensors& inputs, const Reference& reference,
                     const std::vector<__half>& output, const std::vector<float>& all_slices = {});
+
+// A step's L ([B, H, N] fp32) into `result`: the reference's slices against its log_sum_exp,
+// and every row against `all_rows` (the GPU reference's L, or empty). A non-finite L or one off
+// by more than kLogSumExpTolerance fails the result.
+void compare_log_sum_exp(const Shape& shape, const Reference& reference,
+                         const std::vector<float>& log_sum_exp, const std::vector<float>& all_rows,
+                         CheckResult& result);
 
 }  // namespace attn

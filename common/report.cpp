@@ -112,6 +112,11 @@ void print_text(std::ostream& out, const Record& r) {
         << format("%.2e", c.all_max_abs_error) << " (tolerance "
         << format("%.2e", c.all_abs_tolerance) << ")\n";
   }
+  if (c.log_sum_exp_rows > 0) {
+    out << "         L (log-sum-exp) of " << c.log_sum_exp_rows << " rows: max abs error "
+        << format("%.2e", c.log_sum_exp_max_error) << " (tolerance "
+        << format("%.2e", kLogSumExpTolerance) << ")\n";
+  }
   if (!c.passed) out << "         " << c.worst << "\n";
 }
 

@@ -2,6 +2,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <map>
+#include <stdexcept>
 #include <string>
 
 #include "cuda_check.hpp"
@@ -74,9 +75,11 @@ void ensure_fits(const StepInfo& step, const Shape& shape, bool check_all_slices
 
 std::size_t device_bytes_needed(const StepInfo& step, const Shape& shape, int buffer_sets,
                                 bool check_all_slices) {
+  const std::size_t rows = std::size_t(shape.slices() * shape.tokens);
   return std::size_t(buffer_sets) * 4 * std::size_t(shape.elements()) * sizeof(__half) +
          step.workspace_for(shape) +
-         (check_all_slices ? std::size_t(shape.elements()) * sizeof(float) : 0);
+         (step.writes_log_sum_exp ? rows * sizeof(float) : 0) +  // the checked run's L
+         (check_all_slices ? (std::size_t(shape.elements()) + rows) * sizeof(float) : 0);
 }
 
 // A step built with the checked pipeline: its first broken rule since the last call fails the
@@ -160,11 +163,21 @@ RunResult run_step(const StepInfo& step, const HostTensors& inputs, const Refere
   // (non-blocking). Without this, a busy GPU can start the step on half-copied inputs.
   CUDA_CHECK(cudaStreamSynchronize(cudaStreamLegacy));
 
-  // The checked run, on an output of NaNs (0xFFFF is a NaN in fp16).
+  // The checked run, on an output of NaNs (0xFFFF is a NaN in fp16), and on an L of NaNs
+  // (0xFFFFFFFF in fp32) when the step writes L: checked with O. The timed runs ask for no L.
   RunResult result;
   if (step.pipeline_report != nullptr) step.pipeline_report();  // clear what an earlier run left
+  const std::size_t rows = std::size_t(shape.slices() * shape.tokens);
+  const bool check_log_sum_exp = step.writes_log_sum_exp && reference != nullptr;
+  DeviceBuffer<float> log_sum_exp(check_log_sum_exp ? rows : 0);
   CUDA_CHECK(cudaMemsetAsync(device_sets[0].o.data(), 0xFF, count * sizeof(__half), stream));
-  step.launch(args_for(device_sets[0], shape, workspace.data(), stream, config.max_persistent_blocks));
+  AttentionArgs checked_args =
+      args_for(device_sets[0], shape, workspace.data(), stream, config.max_persistent_blocks);
+  if (check_log_sum_exp) {
+    CUDA_CHECK(cudaMemsetAsync(log_sum_exp.data(), 0xFF, log_sum_exp.bytes(), stream));
+    checked_args.log_sum_exp = log_sum_exp.data();
+  }
+  step.launch(checked_args);
   CUDA_CHECK_LAUNCH();
   const auto abandon_buffers = [&] {
     for (DeviceSet& set : device_sets) {
@@ -173,41 +186,63 @@ RunResult run_step(const StepInfo& step, const HostTensors& inputs, const Refere
       }
     }
     workspace.abandon();
+    log_sum_exp.abandon();
   };
   synchronize_or_remember(stream, checked_run_limit_seconds(shape), abandon_buffers);
   result.output.resize(count);
   CUDA_CHECK(cudaMemcpy(result.output.data(), device_sets[0].o.data(), count * sizeof(__half),
                         cudaMemcpyDeviceToHost));
   if (reference != nullptr) {
-    std::vector<float> all_slices;
+    std::vector<float> all_slices, all_rows;
     if (check_all_slices) {
-      DeviceBuffer<float> gpu_reference(count);
+      DeviceBuffer<float> gpu_reference(count), gpu_reference_rows(check_log_sum_exp ? rows : 0);
       launch_gpu_reference(device_sets[0].q.data(), device_sets[0].k.data(),
-                           device_sets[0].v.data(), gpu_reference.data(), shape, stream);
+                           device_sets[0].v.data(), gpu_reference.data(),
+                           check_log_sum_exp ? gpu_reference_rows.data() : nullptr, shape, stream);
       synchronize_or_remember(stream, checked_run_limit_seconds(shape), [&] {
         abandon_buffers();
         gpu_reference.abandon();
+        gpu_reference_rows.abandon();
       });
       all_slices.resize(count);
       CUDA_CHECK(cudaMemcpy(all_slices.data(), gpu_reference.data(), count * sizeof(float),
                             cudaMemcpyDeviceToHost));
+      if (check_log_sum_exp) {
+        all_rows.resize(rows);
+        CUDA_CHECK(cudaMemcpy(all_rows.data(), gpu_reference_rows.data(), rows * sizeof(float),
+                              cudaMemcpyDeviceToHost));
+      }
     }
     result.check = compare(inputs, *reference, result.output, all_slices);
+    if (check_log_sum_exp) {
+      std::vector<float> step_rows(rows);
+      CUDA_CHECK(cudaMemcpy(step_rows.data(), log_sum_exp.data(), rows * sizeof(float),
+                            cudaMemcpyDeviceToHost));
+      compare_log_sum_exp(shape, *reference, step_rows, all_rows, result.check);
+    }
   }
   take_pipeline_violation(step, result.check);
 
   if (config.time && hung_steps().count(step.id) == 0) {
+    if (config.timed_log_sum_exp && !step.writes_log_sum_exp) {
+      throw std::logic_error(step.id + " does not write L; the caller must not ask it to");
+    }
+    // One L for every buffer set: B * H * N floats, 1/(2D) of O's bytes.
+    DeviceBuffer<float> timed_rows(config.timed_log_sum_exp ? rows : 0);
     try {
       result.timing = time_launches(
           [&](int run) {
-            step.launch(args_for(device_sets[run % sets], shape, workspace.data(), stream,
-                                 config.max_persistent_blocks));
+            AttentionArgs args = args_for(device_sets[run % sets], shape, workspace.data(), stream,
+                                          config.max_persistent_blocks);
+            args.log_sum_exp = timed_rows.data();  // nullptr unless asked
+            step.launch(args);
             CUDA_CHECK_LAUNCH();
           },
           stream, config.warmup, config.iters);
     } catch (const GpuHang& hang) {
       gpu_hang_reason() = hang.what();
       abandon_buffers();
+      timed_rows.abandon();
       throw;
     }
     result.timing.buffer_sets = sets;

@@ -26,6 +26,9 @@ struct RunConfig {
   // With a reference: also check every element of every slice against the GPU reference.
   bool check_all_slices = true;
   int max_persistent_blocks = 0;  // AttentionArgs::max_persistent_blocks (a testing aid)
+  // The timed runs write L too, as a training forward does (bench --log-sum-exp); only for a
+  // step that writes_log_sum_exp. The checked run writes and checks L either way.
+  bool timed_log_sum_exp = false;
 };
 
 struct RunResult {

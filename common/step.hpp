@@ -36,6 +36,10 @@ struct AttentionArgs {
   const __half* k = nullptr;
   const __half* v = nullptr;
   __half* o = nullptr;
+  // [B, H, N] fp32, or nullptr: each row's L = log(sum_j exp(s_j)) of its scaled scores
+  // s = q K^T / sqrt(D), what a backward pass needs to rebuild P. Written by a step whose StepInfo
+  // says writes_log_sum_exp when not null; the inference path leaves it null and pays nothing.
+  float* log_sum_exp = nullptr;
   int batch = 0;
   int heads = 0;
   int tokens = 0;
@@ -119,6 +123,7 @@ struct StepInfo {
   StepKind kind = StepKind::step;
   bool takes_strides = false;  // reads and writes strided views (AttentionArgs), not only contiguous
   PipelineReportFn pipeline_report = nullptr;  // set by steps built with the checked pipeline
+  bool writes_log_sum_exp = false;  // fills AttentionArgs::log_sum_exp when asked
 
   // Why this step refuses the shape on any GPU (a head dim it does not serve), in one line that
   // names the flag; nothing if it serves it.

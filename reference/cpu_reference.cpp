@@ -19,15 +19,18 @@ RowMatrix load_slice(const std::vector<__half>& tensor, const Shape& shape, int6
   return m;
 }
 
-// Rows [row_begin, row_end) of O for one slice, written into out (N x D row-major).
+// Rows [row_begin, row_end) of O for one slice, written into out (N x D row-major), and their
+// log-sum-exp into log_sum_exp (N values).
 void attend_rows(const RowMatrix& q, const RowMatrix& k, const RowMatrix& v, int64_t row_begin,
-                 int64_t row_end, double* out) {
+                 int64_t row_end, double* out, double* log_sum_exp) {
   const double scale = 1.0 / std::sqrt(double(q.cols()));
   RowMatrix scores = (q.middleRows(row_begin, row_end - row_begin) * k.transpose()) * scale;
   for (int64_t r = 0; r < scores.rows(); ++r) {
     const double row_max = scores.row(r).maxCoeff();
     scores.row(r) = (scores.row(r).array() - row_max).exp().matrix();
-    scores.row(r) /= scores.row(r).sum();
+    const double row_sum = scores.row(r).sum();
+    log_sum_exp[row_begin + r] = row_max + std::log(row_sum);
+    scores.row(r) /= row_sum;
   }
   Eigen::Map<RowMatrix>(out + row_begin * v.cols(), row_end - row_begin, v.cols()) = scores * v;
 }
@@ -47,6 +50,7 @@ Reference compute_reference(const HostTensors& inputs, const std::vector<int64_t
   Reference reference;
   reference.slices = slices;
   reference.output.assign(slices.size(), std::vector<double>(std::size_t(n * d)));
+  reference.log_sum_exp.assign(slices.size(), std::vector<double>(std::size_t(n)));
 
   // Work items are (slice, row block) pairs, so one long slice still spreads over all cores.
   // Each item converts its slice's K and V again: cheap next to the N x N x D products.
@@ -62,7 +66,7 @@ Reference compute_reference(const HostTensors& inputs, const std::vector<int64_t
         loaded = which;
       }
       attend_rows(q, k, v, block * kRowBlock, std::min(n, (block + 1) * kRowBlock),
-                  reference.output[which].data());
+                  reference.output[which].data(), reference.log_sum_exp[which].data());
     }
   });
   return reference;

@@ -16,6 +16,9 @@ std::vector<double> reference_slice(const HostTensors& inputs, int64_t slice);
 struct Reference {
   std::vector<int64_t> slices;             // which (b, h) slices, as b * H + h
   std::vector<std::vector<double>> output;  // output[i]: N x D for slices[i]
+  // log_sum_exp[i]: N values for slices[i], L = log(sum_j exp(s_j)) of each row's scaled scores
+  // s = q K^T / sqrt(D): what a backward pass needs to rebuild P = exp(s - L) without O.
+  std::vector<std::vector<double>> log_sum_exp;
 };
 Reference compute_reference(const HostTensors& inputs, const std::vector<int64_t>& slices);
 

@@ -27,8 +27,8 @@ __device__ double warp_sum(double value) {
 // One warp per query row (row_index = slice * N + row). Lane l takes keys l, l + 32, ... for
 // the scores and columns l, l + 32, ... of O.
 __global__ void reference_attention_fp64(const __half* q, const __half* k, const __half* v,
-                                         float* out, int64_t rows_total, int tokens, int head_dim,
-                                         double scale) {
+                                         float* out, float* log_sum_exp, int64_t rows_total,
+                                         int tokens, int head_dim, double scale) {
   __shared__ double q_rows[kWarpsPerBlock][kGpuReferenceMaxHeadDim];
   const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
   const int64_t row_index = int64_t(blockIdx.x) * kWarpsPerBlock + warp;
@@ -72,6 +72,7 @@ __global__ void reference_attention_fp64(const __half* q, const __half* k, const
     }
   }
   row_sum = warp_sum(row_sum);
+  if (log_sum_exp != nullptr && lane == 0) log_sum_exp[row_index] = float(row_max + log(row_sum));
   for (int i = 0; i < kColumnsPerLane; ++i) {
     const int c = lane + i * kWarpSize;
     if (c < head_dim) out[row_index * head_dim + c] = float(o_acc[i] / row_sum);
@@ -81,7 +82,7 @@ __global__ void reference_attention_fp64(const __half* q, const __half* k, const
 }  // namespace
 
 void launch_gpu_reference(const __half* q, const __half* k, const __half* v, float* out,
-                          const Shape& shape, cudaStream_t stream) {
+                          float* log_sum_exp, const Shape& shape, cudaStream_t stream) {
   if (shape.head_dim > kGpuReferenceMaxHeadDim) {
     throw CudaError("the GPU reference serves head dims up to " +
                     std::to_string(kGpuReferenceMaxHeadDim) + ", not " +
@@ -90,7 +91,7 @@ void launch_gpu_reference(const __half* q, const __half* k, const __half* v, flo
   const int64_t rows_total = shape.slices() * shape.tokens;
   const int64_t blocks = (rows_total + kWarpsPerBlock - 1) / kWarpsPerBlock;
   reference_attention_fp64<<<unsigned(blocks), kWarpsPerBlock * kWarpSize, 0, stream>>>(
-      q, k, v, out, rows_total, int(shape.tokens), int(shape.head_dim),
+      q, k, v, out, log_sum_exp, rows_total, int(shape.tokens), int(shape.head_dim),
       1.0 / std::sqrt(double(shape.head_dim)));
   CUDA_CHECK_LAUNCH();
 }

@@ -23,8 +23,10 @@ namespace attn {
 
 // O = softmax(Q K^T / sqrt(D)) V for every slice of `shape`, from device [B, H, N, D] fp16
 // contiguous tensors into `out` (device, [B, H, N, D] fp32), on `stream`. Any N >= 1, D <= 256.
+// `log_sum_exp` (device, [B, H, N] fp32, or nullptr) receives each row's L = log(sum_j exp(s_j)),
+// s = q K^T / sqrt(D).
 void launch_gpu_reference(const __half* q, const __half* k, const __half* v, float* out,
-                          const Shape& shape, cudaStream_t stream);
+                          float* log_sum_exp, const Shape& shape, cudaStream_t stream);
 
 constexpr int kGpuReferenceMaxHeadDim = 256;
 

@@ -17,6 +17,9 @@
 #   sanitizer  memcheck + racecheck on every stepN at tail shapes (D = 64, 80, 128)      -> sanitizer.log, sanitizer/
 #   bench      N = 197,577,1025 (all steps, baselines), then N = 2049..16385 for the steps
 #              with no N limit (v0 excluded)                             -> bench_vit.csv, bench_long.csv
+#   lse        the forward with and without L, the log-sum-exp a backward pass needs (bench and
+#              bench --log-sum-exp, alternating, LSE_WINDOWS times) for LSE_STEPS at N =
+#              197,577,1025, D = 64 and 128; a last column numbers the window    -> lse.csv
 #   profile    ncu on each step at N = 577 (scripts/ncu_profile.py)          -> profile.csv, profile/
 #   pytorch    PyTorch eager and SDPA backends beside steps v6-v8 (scripts/compare_pytorch.py, 5
 #              interleaved timing windows each) at N = 197,577,1025 and the two long shapes
@@ -32,7 +35,10 @@
 #   CHECKED_STEPS        the steps the checked stage runs (default: v7 v8)
 #   PLANTED_DIR          where scripts/plant_bugs.py --build-only wrote its binaries (default:
 #                        stage/planted)
-#   STAGES               default: info tests checked planted sanitizer bench profile pytorch vit
+#   PLANTED_ONLY         the planted bugs to run, as plant_bugs.py --only takes them (default: all)
+#   LSE_STEPS            the steps the lse stage times (default: v6,v7,v8, those that write L)
+#   LSE_WINDOWS          its alternating windows (default 2)
+#   STAGES               default: info tests checked planted sanitizer bench lse profile pytorch vit
 #   PYTHON               interpreter for profile, pytorch and vit (default: python3)
 #   VIT_ARGS             more arguments for scripts/vit_end_to_end.py (e.g. --quick)
 #   COMPUTE_SANITIZER    compute-sanitizer to use (default: PATH, then $CUDA_HOME/bin, /usr/local/cuda/bin)
@@ -73,13 +79,16 @@ CHECKED_BUILD_DIR=${CHECKED_BUILD_DIR:-build-checked}
 [ -d "$CHECKED_BUILD_DIR" ] && CHECKED_BUILD_DIR=$(cd "$CHECKED_BUILD_DIR" && pwd)
 CHECKED_STEPS=${CHECKED_STEPS:-v7 v8}
 PLANTED_DIR=${PLANTED_DIR:-stage/planted}
+PLANTED_ONLY=${PLANTED_ONLY:-}
+LSE_STEPS=${LSE_STEPS:-v6,v7,v8}
+LSE_WINDOWS=${LSE_WINDOWS:-2}
 PYTHON=${PYTHON:-python3}
 SANITIZER_JOBS=${SANITIZER_JOBS:-4}
 LONG_SHAPE_BUDGET_S=${LONG_SHAPE_BUDGET_S:-25}
 TEST_JOBS=${TEST_JOBS:-4}
 TIME_LIMIT_S=${TIME_LIMIT_S:-540}
 
-all_stages=(info tests checked planted sanitizer bench profile pytorch vit)
+all_stages=(info tests checked planted sanitizer bench lse profile pytorch vit)
 IFS=', ' read -r -a stages <<< "${STAGES:-${all_stages[*]}}"  # "a,b" and "a b" both work
 for stage in "${stages[@]}"; do
   case " ${all_stages[*]} " in
@@ -87,7 +96,7 @@ for stage in "${stages[@]}"; do
     *) echo "gpu-check.sh: STAGES: unknown stage '$stage' (stages: ${all_stages[*]})" >&2; exit 2 ;;
   esac
 done
-for variable in SANITIZER_JOBS LONG_SHAPE_BUDGET_S TEST_JOBS TIME_LIMIT_S; do
+for variable in SANITIZER_JOBS LONG_SHAPE_BUDGET_S TEST_JOBS TIME_LIMIT_S LSE_WINDOWS; do
   [[ "${!variable}" =~ ^[1-9][0-9]*$ ]] ||
     { echo "gpu-check.sh: $variable must be a positive integer, not '${!variable}'" >&2; exit 2; }
 done
@@ -301,7 +310,9 @@ stage_planted() {
   [ -x "$PLANTED_DIR/gpu_tests_planted" ] ||
     { echo "no $PLANTED_DIR/gpu_tests_planted: run scripts/plant_bugs.py --build-only --out $PLANTED_DIR first"; return 1; }
   local rc=0
-  timeout "$(limit 420)" "$PYTHON" scripts/plant_bugs.py --run-only --out "$PLANTED_DIR" || rc=$?
+  local only=()
+  [ -n "$PLANTED_ONLY" ] && only=(--only "$PLANTED_ONLY")
+  timeout "$(limit 420)" "$PYTHON" scripts/plant_bugs.py --run-only --out "$PLANTED_DIR" "${only[@]}" || rc=$?
   cp "$PLANTED_DIR/planted.csv" "$PLANTED_DIR/planted.txt" "$OUTDIR/" 2>/dev/null || true
   mkdir -p "$OUTDIR/planted_logs"
   cp "$PLANTED_DIR"/logs/*.log "$OUTDIR/planted_logs/" 2>/dev/null || true
@@ -449,6 +460,33 @@ stage_bench() {
   return "$failed"
 }
 
+# The cost of writing L: each window times LSE_STEPS without L, then with it, in two bench
+# processes, so that drift of the GPU's clocks shows as a spread across windows, not as a ratio.
+stage_lse() {
+  require_build bench || return 1
+  local csv="$OUTDIR/lse.csv" part="$OUTDIR/lse_part.csv" window mode rc failed=0
+  echo "## $LSE_STEPS at N = 197,577,1025, D = 64,128: without L, then with it; $LSE_WINDOWS windows"
+  : > "$csv"
+  for window in $(seq 1 "$LSE_WINDOWS"); do
+    for mode in plain lse; do
+      local flags=()
+      [ "$mode" = lse ] && flags=(--log-sum-exp)
+      rc=0
+      timeout "$(limit 240)" "$BUILD_DIR/bench" --steps "$LSE_STEPS" --tokens 197,577,1025 \
+        --head-dim 64,128 "${flags[@]}" --csv "$part" || rc=$?
+      case $rc in
+        0) ;;
+        1) echo "bench: a result check FAILED (window $window, $mode)"; failed=1 ;;
+        *) echo "bench failed (exit $rc, window $window, $mode)"; rm -f "$part"; return 1 ;;
+      esac
+      [ -s "$csv" ] || echo "$(head -n 1 "$part"),window" > "$csv"
+      tail -n +2 "$part" | sed "s/\$/,$window/" >> "$csv"
+      rm -f "$part"
+    done
+  done
+  return "$failed"
+}
+
 stage_profile() {
   require_build || return 1
   local ncu
@@ -528,11 +566,11 @@ stage_vit() {
 
 declare -A stage_file=(
   [info]=info.txt [tests]=tests.log [checked]=checked.log [planted]=planted.log
-  [sanitizer]=sanitizer.log [bench]=bench.log
+  [sanitizer]=sanitizer.log [bench]=bench.log [lse]=lse.log
   [profile]=profile.log [pytorch]=pytorch.log [vit]=vit.log)
 declare -A stage_results=(
   [info]="" [tests]=tests_junit.xml [checked]="" [planted]="planted.csv planted.txt"
-  [sanitizer]=sanitizer/ [bench]="bench_vit.csv bench_long.csv"
+  [sanitizer]=sanitizer/ [bench]="bench_vit.csv bench_long.csv" [lse]=lse.csv
   [profile]="profile.csv profile/" [pytorch]="pytorch.csv pytorch_info.txt"
   [vit]="vit_end_to_end.csv vit_end_to_end_kernels.csv vit_end_to_end_info.txt")
 

@@ -74,6 +74,12 @@ BUGS = [
         [("inverse[half] = 1.0f / total;", "inverse[half] = 1.0f;", 1)]),
     Bug("v8maskoffbyone", V8, "the mask admits one key past N",
         [("e % 2 >= last_tile_keys)", "e % 2 > last_tile_keys)", 1)], target=KEY_MASK_TEST),
+    # L for the backward pass, from the lane's share of the row sum instead of the quad's.
+    Bug("v6lsepartial", V6, "L from one lane's share of the row sum",
+        [("log_sum_exp(row_max[r], total, scale_log2)", "log_sum_exp(row_max[r], row_sum[r], scale_log2)", 1)]),
+    Bug("v8lsepartial", V8, "L from one lane's share of the row sum",
+        [("hopper::log_sum_exp(row_max[half], total, scale_log2)",
+          "hopper::log_sum_exp(row_max[half], row_sum[half], scale_log2)", 1)]),
     # The asynchronous protocol: races that need unlucky timing to corrupt a result.
     Bug("v7fullwaitonce", V7, "waits for a stage's copy only the first time round the ring",
         [("kv_ring.wait_full(tile);", "if (tile < T::kStages) kv_ring.wait_full(tile);", 1)],

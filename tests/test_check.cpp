@@ -178,4 +178,46 @@ TEST_SUITE("check") {
     CHECK(attn::slices_to_check(shape, CheckMode::none, 5).empty());
     CHECK(attn::slices_to_check({1, 3, 8, 64}, CheckMode::sample, 5).size() == 3);
   }
+  TEST_CASE("L (the log-sum-exp): exact passes; off by more than the tolerance, or NaN, fails") {
+    Fixture f;
+    const int64_t rows = f.shape.slices() * f.shape.tokens;
+    std::vector<float> step_rows(static_cast<std::size_t>(rows));
+    for (std::size_t w = 0; w < f.reference.slices.size(); ++w) {
+      for (int64_t row = 0; row < f.shape.tokens; ++row) {
+        step_rows[std::size_t(f.reference.slices[w] * f.shape.tokens + row)] =
+            float(f.reference.log_sum_exp[w][std::size_t(row)]);
+      }
+    }
+    const std::vector<__half> out = f.perfect_output();
+    auto check_rows = [&](const std::vector<float>& got, const std::vector<float>& all_rows) {
+      attn::CheckResult result = attn::compare(f.inputs, f.reference, out);
+      attn::compare_log_sum_exp(f.shape, f.reference, got, all_rows, result);
+      return result;
+    };
+    const attn::CheckResult exact = check_rows(step_rows, step_rows);
+    CHECK(exact.passed);
+    CHECK(exact.log_sum_exp_rows == rows);
+    CHECK(exact.log_sum_exp_max_error < attn::kLogSumExpTolerance / 100);  // fp32 rounding only
+
+    std::vector<float> off = step_rows;
+    off[std::size_t(4 * f.shape.tokens + 7)] += float(2 * attn::kLogSumExpTolerance);
+    const attn::CheckResult caught = check_rows(off, {});
+    CHECK_FALSE(caught.passed);
+    CHECK(caught.worst.find("slice 4, row 7") != std::string::npos);
+
+    // Only the GPU reference's rows cover a slice the CPU reference did not sample.
+    const attn::Reference sampled = attn::compute_reference(f.inputs, {0});
+    attn::CheckResult sample_only = attn::compare(f.inputs, sampled, out);
+    attn::compare_log_sum_exp(f.shape, sampled, off, {}, sample_only);
+    CHECK(sample_only.passed);
+    attn::CheckResult all = attn::compare(f.inputs, sampled, out);
+    attn::compare_log_sum_exp(f.shape, sampled, off, step_rows, all);
+    CHECK_FALSE(all.passed);
+
+    std::vector<float> nan = step_rows;
+    nan[std::size_t(rows - 1)] = std::numeric_limits<float>::quiet_NaN();
+    const attn::CheckResult nan_result = check_rows(nan, step_rows);
+    CHECK_FALSE(nan_result.passed);
+    CHECK(nan_result.worst.find("slice 5, row 32") != std::string::npos);
+  }
 }

@@ -38,6 +38,22 @@ std::vector<double> plain_attention(const HostTensors& in, int64_t slice) {
   return out;
 }
 
+// L = log(sum_j exp(s_j)) of each row of one slice, straight from the formula (long double).
+std::vector<double> plain_log_sum_exp(const HostTensors& in, int64_t slice) {
+  const int64_t n = in.shape.tokens, d = in.shape.head_dim, base = slice * n * d;
+  std::vector<double> out(n);
+  for (int64_t i = 0; i < n; ++i) {
+    long double sum = 0;
+    for (int64_t j = 0; j < n; ++j) {
+      long double dot = 0;
+      for (int64_t c = 0; c < d; ++c) dot += at(in.q, base + i * d + c) * at(in.k, base + j * d + c);
+      sum += std::exp(dot / std::sqrt((long double)d));  // no overflow in long double's range
+    }
+    out[i] = double(std::log(sum));
+  }
+  return out;
+}
+
 double max_difference(const std::vector<double>& a, const std::vector<double>& b) {
   double worst = 0;
   for (std::size_t i = 0; i < a.size(); ++i) worst = std::max(worst, std::fabs(a[i] - b[i]));
@@ -57,7 +73,21 @@ TEST_SUITE("reference") {
           attn::compute_reference(inputs, {0, shape.slices() - 1});
       CHECK(max_difference(reference.output[0], plain_attention(inputs, 0)) < 1e-12);
       CHECK(max_difference(reference.output[1], plain_attention(inputs, shape.slices() - 1)) < 1e-12);
+      CHECK(max_difference(reference.log_sum_exp[0], plain_log_sum_exp(inputs, 0)) < 1e-12);
+      CHECK(max_difference(reference.log_sum_exp[1], plain_log_sum_exp(inputs, shape.slices() - 1)) < 1e-12);
     }
+  }
+
+  TEST_CASE("L of equal scores is log N, and L holds where exp of a score overflows") {
+    // Q = 0: every score is 0, so L = log(N) exactly.
+    HostTensors zeros = attn::make_inputs({1, 1, 37, 64}, 3);
+    for (__half& value : zeros.q) value = __float2half(0.0f);
+    const attn::Reference equal = attn::compute_reference(zeros, {0});
+    for (double value : equal.log_sum_exp[0]) CHECK(value == doctest::Approx(std::log(37.0)).epsilon(1e-15));
+    // The stress inputs: scores past 88.8, whose exp overflows fp32; the shifted sum keeps L.
+    const HostTensors stress = attn::make_inputs({1, 1, 64, 64}, 11, attn::kStressScale);
+    const attn::Reference reference = attn::compute_reference(stress, {0});
+    CHECK(max_difference(reference.log_sum_exp[0], plain_log_sum_exp(stress, 0)) < 1e-9);
   }
 
   TEST_CASE("one token: the output is that token's V row") {

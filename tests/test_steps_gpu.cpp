@@ -1,7 +1,7 @@
 // The GPU suite, run for one step at a time (gpu_tests --step=v3): the shape matrix with tails,
 // the headline and long shapes, a probe of the key mask, persistent blocks that walk several
 // work tiles, the stress case, run-to-run equality, and refusals. Every test checks every
-// output element of every slice (check.hpp).
+// output element of every slice, and a step that writes L every row's L (check.hpp).
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -61,9 +61,12 @@ void require_pass(const attn::CheckResult& result) {
                          << ", max abs error " << result.all_max_abs_error << " (tolerance "
                          << result.all_abs_tolerance << ") on all " << result.all_checked_slices
                          << " slices against the GPU reference; " << result.nonfinite
-                         << " non-finite; " << result.worst);
+                         << " non-finite; L max abs error " << result.log_sum_exp_max_error
+                         << " on " << result.log_sum_exp_rows << " rows; " << result.worst);
   CHECK(result.passed);
   CHECK(result.all_checked_slices == result.total_slices);  // every slice was looked at
+  // A step that writes L (the log-sum-exp) had it checked, every row of every slice.
+  CHECK((result.log_sum_exp_rows > 0) == step_under_test().writes_log_sum_exp);
 }
 
 }  // namespace

@@ -22,7 +22,7 @@ from typing import Optional, Sequence, Tuple
 
 LIBRARY_NAME = "libattention_steps.so"
 ENVIRONMENT_VARIABLE = "ATTENTION_STEPS_LIBRARY"
-ABI_VERSION = 2          # capi/attention_steps.h: ATTN_ABI_VERSION
+ABI_VERSION = 3          # capi/attention_steps.h: ATTN_ABI_VERSION
 OK, REFUSED, CUDA_ERROR = 0, 2, 3
 MAX_HEAD_DIMS = 8        # ATTN_MAX_HEAD_DIMS
 MESSAGE_BYTES = 1024
@@ -61,6 +61,7 @@ class StepInfo:
     uses_shared_memory: bool
     uses_workspace: bool
     takes_strides: bool  # reads and writes views (Library.run with strides)
+    writes_log_sum_exp: bool  # writes each row's log-sum-exp L (Library.run with log_sum_exp)
 
 
 @dataclass(frozen=True)
@@ -83,6 +84,7 @@ class _StepInfoStruct(ctypes.Structure):
         ("uses_shared_memory", ctypes.c_int),
         ("uses_workspace", ctypes.c_int),
         ("takes_strides", ctypes.c_int),
+        ("writes_log_sum_exp", ctypes.c_int),
     ]
 
 
@@ -108,6 +110,9 @@ _SIGNATURES = {
     "attn_run_strided": [_char_p, _ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, _i64,
                          ctypes.POINTER(_StridesStruct), ctypes.POINTER(_StridesStruct), _ptr,
                          _char_p, _size],
+    "attn_run_with_log_sum_exp": [_char_p, _ptr, _ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, _i64,
+                                  ctypes.POINTER(_StridesStruct), ctypes.POINTER(_StridesStruct),
+                                  _ptr, _char_p, _size],
 }
 
 
@@ -204,7 +209,8 @@ class Library:
                 max_compute_capability=info.max_compute_capability,
                 uses_shared_memory=bool(info.uses_shared_memory),
                 uses_workspace=bool(info.uses_workspace),
-                takes_strides=bool(info.takes_strides)))
+                takes_strides=bool(info.takes_strides),
+                writes_log_sum_exp=bool(info.writes_log_sum_exp)))
         self._steps = tuple(found)
         return found
 
@@ -256,16 +262,25 @@ class Library:
         return result.value
 
     def run(self, step, q, k, v, o, shape, stream=0, workspace=None, workspace_bytes=0,
-            qkv_strides=None, o_strides=None):
+            qkv_strides=None, o_strides=None, log_sum_exp=None):
         """Queues the step on raw device pointers (ints) of fp16 [B, H, N, D] tensors, on the
         cudaStream_t `stream` (an int; 0 is the legacy default stream). Without a workspace, a
         step that needs one allocates it stream-ordered. qkv_strides and o_strides, element
         strides (batch, head, token) of views, go to a step that takes_strides (None:
-        contiguous)."""
+        contiguous). log_sum_exp, a device pointer to B*H*N fp32 values, receives each row's L
+        from a step that writes_log_sum_exp."""
         shape = _shape(shape)
         pointers = [ctypes.c_void_p(int(p)) if p else None for p in (q, k, v, o)]
         stream = ctypes.c_void_p(int(stream)) if stream else None
-        if qkv_strides is not None or o_strides is not None:
+        if log_sum_exp is not None:
+            if workspace is not None:
+                raise ValueError("runs that write L take no workspace")
+            given = [ctypes.byref(_StridesStruct(*map(int, strides))) if strides is not None
+                     else None for strides in (qkv_strides, o_strides)]
+            self._call("attn_run_with_log_sum_exp", self._id(step), *pointers,
+                       ctypes.c_void_p(int(log_sum_exp)) if log_sum_exp else None, *shape,
+                       *given, stream)
+        elif qkv_strides is not None or o_strides is not None:
             if workspace is not None:
                 raise ValueError("strided runs take no workspace")
             given = [ctypes.byref(_StridesStruct(*map(int, strides))) if strides is not None

@@ -35,8 +35,9 @@ __device__ __forceinline__ uint32_t shared_address(const void* pointer) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(pointer));
 }
 
-// Step 6's two helpers: fp16 pairs for the A operand, and 2^x in one instruction.
+// Step 6's helpers: fp16 pairs for the A operand, 2^x in one instruction, a row's log-sum-exp.
 using fragment_math::fast_exp2;
+using fragment_math::log_sum_exp;
 using fragment_math::pack_half2;
 
 // ---- Tensor maps (host) ------------------------------------------------------------------------

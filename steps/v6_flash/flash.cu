@@ -11,7 +11,8 @@
 //     leaves registers (no shared-memory round trip for P);
 //   - cp.async double buffering: tile j+1 of K (and V) is in flight while tile j is used;
 //   - exp2 with log2(e)/sqrt(D) folded into one constant, so each exponent is one FFMA;
-//   - the tail (keys >= N) is masked only in the last K/V tile.
+//   - the tail (keys >= N) is masked only in the last K/V tile;
+//   - when asked, each row's log-sum-exp L leaves beside O: the backward pass rebuilds P from it.
 // Serves head dims 32, 64, 80, 128 (multiples of 16, so the fragments tile D exactly).
 #include <cuda_fp16.h>
 
@@ -73,6 +74,7 @@ __device__ __forceinline__ void mma_16x8x16(float (&d)[4], const uint32_t (&a)[4
 
 // P in fp16 pairs, and 2^x in one instruction: beside this file, shared with steps 7 and 8.
 using fragment_math::fast_exp2;
+using fragment_math::log_sum_exp;
 using fragment_math::pack_half2;
 
 // ---- Tile geometry --------------------------------------------------------------------------
@@ -118,8 +120,8 @@ __device__ __forceinline__ void load_tile_async(__half* tile, const __half* slic
 template <int kHeadDim, int kWarps, int kRowGroups, int kBlockN>
 __global__ void __launch_bounds__(32 * kWarps)
     flash_attention_kernel(const __half* __restrict__ q, const __half* __restrict__ k,
-                           const __half* __restrict__ v, __half* __restrict__ o, int tokens,
-                           int row_tiles, float scale_log2) {
+                           const __half* __restrict__ v, __half* __restrict__ o,
+                           float* __restrict__ row_lse, int tokens, int row_tiles, float scale_log2) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
   // cp.async and mma.m16n8k16 need sm_80. A build for an older GPU (sm_75) gets this empty
   // kernel, which never runs: the registration below says 8.0, and the harness refuses below it.
@@ -266,7 +268,8 @@ __global__ void __launch_bounds__(32 * kWarps)
   }
 
   // Normalise, stage this warp's rows in its own rows of the Q tile (only this warp read
-  // them), then store 16-byte chunks: consecutive lanes write consecutive addresses.
+  // them), then store 16-byte chunks: consecutive lanes write consecutive addresses. L, when
+  // asked for, is one float per row: the quad's first lane writes it.
   __half* o_stage = q_tile + warp * T::kWarpRows * T::kStride;
   for (int r = 0; r < kRows; ++r) {
     const int g = r / 2, half = r % 2;
@@ -274,6 +277,10 @@ __global__ void __launch_bounds__(32 * kWarps)
     total += __shfl_xor_sync(0xffffffffu, total, 1);
     total += __shfl_xor_sync(0xffffffffu, total, 2);
     const float inverse = 1.0f / total;
+    const int row = warp_row0 + g * 16 + group + 8 * half;
+    if (row_lse != nullptr && quad_lane == 0 && row < tokens) {
+      row_lse[int64_t(blockIdx.x / row_tiles) * tokens + row] = log_sum_exp(row_max[r], total, scale_log2);
+    }
     for (int d = 0; d < T::kDTiles; ++d) {
       *reinterpret_cast<__half2*>(o_stage + (g * 16 + group + 8 * half) * T::kStride + d * 8 + 2 * quad_lane) =
           __floats2half2_rn(o_acc[g][d][2 * half] * inverse, o_acc[g][d][2 * half + 1] * inverse);
@@ -304,7 +311,7 @@ void launch_flash_for(Tiles<kHeadDim, kWarps, kRowGroups, kBlockN>, const attn::
   const int64_t blocks = int64_t(row_tiles) * args.batch * args.heads;
   const float scale_log2 = float(M_LOG2E / std::sqrt(double(kHeadDim)));
   kernel<<<unsigned(blocks), T::kThreads, T::kSharedBytes, args.stream>>>(
-      args.q, args.k, args.v, args.o, args.tokens, row_tiles, scale_log2);
+      args.q, args.k, args.v, args.o, args.log_sum_exp, args.tokens, row_tiles, scale_log2);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -354,4 +361,6 @@ std::size_t shared_bytes_needed(const attn::Shape& shape) {
 ATTN_REGISTER_STEP(attn::StepInfo{ATTN_STEP_ID,
                                   "flash: online softmax, K/V streamed, P kept in registers",
                                   {32, 64, 80, 128}, 80, 0, shared_bytes_needed,
-                                  launch_flash})
+                                  launch_flash, nullptr, attn::StepKind::step,
+                                  /*takes_strides=*/false, /*pipeline_report=*/nullptr,
+                                  /*writes_log_sum_exp=*/true})

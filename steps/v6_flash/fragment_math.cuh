@@ -1,5 +1,6 @@
-// Two helpers step 6 introduced and the later steps keep: fp16 pairs for the A operand of a
-// tensor-core product (P packed from the S accumulators), and 2^x in one instruction.
+// The helpers step 6 introduced and the later steps keep: fp16 pairs for the A operand of a
+// tensor-core product (P packed from the S accumulators), 2^x in one instruction, and a row's
+// log-sum-exp from what the online softmax keeps.
 #pragma once
 
 #include <cuda_fp16.h>
@@ -19,6 +20,15 @@ __device__ __forceinline__ float fast_exp2(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
   return y;
+}
+
+// L = log(sum_j exp(s_j)) of one row, s = q K^T / sqrt(D), from the online softmax's state:
+// row_max in raw score units (before the scale) and row_sum = sum_j 2^((raw_j - row_max) *
+// scale_log2), the whole row's. L = ln 2 * (row_max * scale_log2 + log2(row_sum)). Once per row,
+// so the accurate log2f, not an approximation.
+__device__ __forceinline__ float log_sum_exp(float row_max, float row_sum, float scale_log2) {
+  constexpr float kLn2 = 0.693147180559945309f;
+  return kLn2 * fmaf(row_max, scale_log2, log2f(row_sum));
 }
 
 }  // namespace fragment_math

@@ -11,7 +11,8 @@
 //     ldmatrix); O += P V takes P from registers, as v6 did, and V from shared memory;
 //   - two stages of K and V: tile j + 1 lands while tile j is used, as with v6's cp.async, but a
 //     thread waits on a barrier's phase instead of counting committed groups;
-//   - O leaves through shared memory and a TMA store, which drops rows past N.
+//   - O leaves through shared memory and a TMA store, which drops rows past N (L, when asked
+//     for, with plain stores, as in v6).
 //
 // Two warpgroups share each K and V tile: 128 query rows per block. Every thread computes; one
 // of them also issues the copies. Serves head dims 64 and 128 (whole 64-column swizzle blocks).
@@ -79,8 +80,9 @@ __global__ void __launch_bounds__(Tiles<kHeadDim>::kThreads, 1)
     tma_wgmma_attention_kernel(const __grid_constant__ CUtensorMap q_map,
                                const __grid_constant__ CUtensorMap k_map,
                                const __grid_constant__ CUtensorMap v_map,
-                               const __grid_constant__ CUtensorMap o_map, int heads,
-                               int tokens, int row_tiles, float scale_log2) {
+                               const __grid_constant__ CUtensorMap o_map,
+                               float* __restrict__ row_lse, int heads, int tokens, int row_tiles,
+                               float scale_log2) {
   using T = Tiles<kHeadDim>;
   constexpr int kSwizzleColumns = T::kSwizzleColumns;
   extern __shared__ unsigned char shared_raw[];
@@ -219,13 +221,18 @@ __global__ void __launch_bounds__(Tiles<kHeadDim>::kThreads, 1)
 
   // Normalise and stage this warpgroup's 64 rows of O in its own rows of the Q tile (only its
   // own S = Q K^T read them, all complete), in the swizzled layout the TMA store reads; then
-  // one thread stores them. Rows past N are dropped by the store.
+  // one thread stores them. Rows past N are dropped by the store. L, when asked for, is one
+  // float per row: the quad's first lane writes it.
   float inverse[2];
   for (int half = 0; half < 2; ++half) {
     float total = row_sum[half];
     total += __shfl_xor_sync(0xffffffffu, total, 1);
     total += __shfl_xor_sync(0xffffffffu, total, 2);
     inverse[half] = 1.0f / total;
+    const int row = row0 + warp_group * 64 + warp * 16 + lane / 4 + 8 * half;
+    if (row_lse != nullptr && quad_lane == 0 && row < tokens) {
+      row_lse[int64_t(slice) * tokens + row] = hopper::log_sum_exp(row_max[half], total, scale_log2);
+    }
   }
   o_staging.check_writable();
   unsigned char* o_bytes = reinterpret_cast<unsigned char*>(smem.q);
@@ -264,7 +271,8 @@ void launch_for(const attn::AttentionArgs& args) {
   const int row_tiles = (args.tokens + T::kBlockM - 1) / T::kBlockM;
   const float scale_log2 = float(M_LOG2E / std::sqrt(double(kHeadDim)));
   kernel<<<unsigned(int64_t(row_tiles) * slices), T::kThreads, kSharedBytes<kHeadDim>, args.stream>>>(
-      maps.q, maps.k, maps.v, maps.o, args.heads, args.tokens, row_tiles, scale_log2);
+      maps.q, maps.k, maps.v, maps.o, args.log_sum_exp, args.heads, args.tokens, row_tiles,
+      scale_log2);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -296,4 +304,4 @@ ATTN_REGISTER_STEP(attn::StepInfo{ATTN_STEP_ID,
                                   "TMA + wgmma: the copy engine and asynchronous tensor cores",
                                   {64, 128}, 90, 90, shared_bytes_needed, launch_tma_wgmma,
                                   nullptr, attn::StepKind::step, /*takes_strides=*/true,
-                                  hopper::kPipelineReport})
+                                  hopper::kPipelineReport, /*writes_log_sum_exp=*/true})

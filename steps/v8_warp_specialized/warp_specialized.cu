@@ -19,7 +19,8 @@
 //     function unit) runs while the other's GEMMs run, instead of both waiting on the same unit;
 //   - persistent blocks: one per SM, each walking a list of (slice, 128-row tile) work tiles.
 //     The producer loads the next tile's Q (double-buffered) and K/V while the consumers finish
-//     the current one, and O leaves through a staging buffer and an asynchronous TMA store.
+//     the current one, and O leaves through a staging buffer and an asynchronous TMA store (L,
+//     when asked for, with plain stores, as in v6 and v7).
 //
 // Serves head dims 64 and 128; tile sizes per head dim chosen by measurement (chapter 10). The
 // rings, wgmma groups and staging buffer are the pieces of steps/hopper/pipeline.cuh, which the
@@ -118,8 +119,9 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     warp_specialized_attention_kernel(const __grid_constant__ CUtensorMap q_map,
                                       const __grid_constant__ CUtensorMap k_map,
                                       const __grid_constant__ CUtensorMap v_map,
-                                      const __grid_constant__ CUtensorMap o_map, int heads,
-                                      int tokens, int row_tiles, int work_tiles, float scale_log2) {
+                                      const __grid_constant__ CUtensorMap o_map,
+                                      float* __restrict__ row_lse, int heads, int tokens,
+                                      int row_tiles, int work_tiles, float scale_log2) {
   constexpr int kHeadDim = T::kHeadDim, kBlockN = T::kBlockN, kStages = T::kStages;
   constexpr int kSwizzleColumns = T::kSwizzleColumns;
   extern __shared__ unsigned char shared_raw[];
@@ -351,13 +353,19 @@ __global__ void __launch_bounds__(T::kThreads, 1)
 
     // Normalise and stage this warpgroup's rows of O (once the previous tile's store has read
     // the staging buffer), then one thread stores them; the store runs on while the next tile
-    // starts. Rows past N are dropped by the store.
+    // starts. Rows past N are dropped by the store. L, when asked for, is one float per row:
+    // the quad's first lane writes it.
     float inverse[2];
     for (int half = 0; half < 2; ++half) {
       float total = row_sum[half];
       total += __shfl_xor_sync(0xffffffffu, total, 1);
       total += __shfl_xor_sync(0xffffffffu, total, 2);
       inverse[half] = 1.0f / total;
+      const int row = my_row0 + warp * 16 + lane / 4 + 8 * half;
+      if (row_lse != nullptr && quad_lane == 0 && row < tokens) {
+        row_lse[(int64_t(tile.batch) * heads + tile.head) * tokens + row] =
+            hopper::log_sum_exp(row_max[half], total, scale_log2);
+      }
     }
     if (thread_in_group == 0) o_staging.wait_read();
     hopper::named_barrier_sync(NamedBarrier::epilogue, consumer, 128);
@@ -407,7 +415,8 @@ void launch_for(const attn::AttentionArgs& args) {
   if (args.max_persistent_blocks > 0) blocks = std::min(blocks, args.max_persistent_blocks);
   const float scale_log2 = float(M_LOG2E / std::sqrt(double(kHeadDim)));
   kernel<<<blocks, T::kThreads, kSharedBytes<T>, args.stream>>>(
-      maps.q, maps.k, maps.v, maps.o, args.heads, args.tokens, row_tiles, int(work_tiles), scale_log2);
+      maps.q, maps.k, maps.v, maps.o, args.log_sum_exp, args.heads, args.tokens, row_tiles,
+      int(work_tiles), scale_log2);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -451,4 +460,4 @@ ATTN_REGISTER_STEP(attn::StepInfo{ATTN_STEP_ID,
                                   "warp specialized: TMA producer, 2 wgmma consumers, overlap",
                                   {64, 128}, 90, 90, shared_bytes_needed, launch_warp_specialized,
                                   nullptr, attn::StepKind::step, /*takes_strides=*/true,
-                                  hopper::kPipelineReport})
+                                  hopper::kPipelineReport, /*writes_log_sum_exp=*/true})

@@ -1,8 +1,9 @@
 // The C ABI on a GPU, for one step at a time (capi_gpu_tests --step=v3): results through
 // attn_run against the fp64 CPU reference at tail shapes for every head dim the step serves,
-// the caller's stream honoured, the caller's workspace path, and misuse refused without a
-// launch. The step runs from libattention_steps.so only: this program links no step object,
-// just the harness's inputs, reference and check (attn_common).
+// views, L (the log-sum-exp) where the step writes it, the caller's stream honoured, the
+// caller's workspace path, and misuse refused without a launch. The step runs from
+// libattention_steps.so only: this program links no step object, just the harness's inputs,
+// reference and check (attn_common).
 // Without a CUDA device it says so and exits 77 (ctest: skipped); on a GPU the step cannot run
 // on, it checks that the library refuses the step there, then exits 77 with the reason.
 #define DOCTEST_CONFIG_IMPLEMENT
@@ -178,6 +179,46 @@ TEST_CASE("views: Q, K, V cut from one packed projection [B, N, 3, H, D], O writ
       const attn::Reference reference =
           attn::compute_reference(inputs, attn::slices_to_check(shape, attn::CheckMode::full, 1));
       require_pass(attn::compare(inputs, reference, output));
+    }
+  }
+}
+
+TEST_CASE("L, the log-sum-exp of each row: written by the steps that say so, refused by the others") {
+  const attn::Stream stream;
+  for (int head_dim : head_dims()) {
+    for (const attn::Shape shape : {attn::Shape{2, 3, 65, head_dim}, attn::Shape{1, 2, 1, head_dim},
+                                    attn::Shape{1, 1, 577, head_dim}}) {
+      CAPTURE(shape.str());
+      if (check_shape(shape).status != ATTN_OK) continue;
+      DeviceProblem problem(shape);
+      const std::size_t rows = std::size_t(shape.slices() * shape.tokens);
+      attn::DeviceBuffer<float> log_sum_exp(rows);
+      CUDA_CHECK(cudaMemset(log_sum_exp.data(), 0xFF, log_sum_exp.bytes()));  // NaN
+      CUDA_CHECK(cudaStreamSynchronize(cudaStreamLegacy));
+      char message[1024] = "";
+      const int status = attn_run_with_log_sum_exp(
+          step.id, problem.q.data(), problem.k.data(), problem.v.data(), problem.o.data(),
+          log_sum_exp.data(), shape.batch, shape.heads, shape.tokens, shape.head_dim, nullptr,
+          nullptr, stream.get(), message, sizeof message);
+      INFO("attn_run_with_log_sum_exp: " << message);
+      if (!step.writes_log_sum_exp) {
+        CHECK(status == ATTN_REFUSED);
+        CHECK(contains(message, "does not write L"));
+        break;
+      }
+      REQUIRE(status == ATTN_OK);
+      CUDA_CHECK(cudaStreamSynchronize(stream.get()));
+      std::vector<float> host_rows(rows);
+      CUDA_CHECK(cudaMemcpy(host_rows.data(), log_sum_exp.data(), log_sum_exp.bytes(),
+                            cudaMemcpyDeviceToHost));
+      const attn::Reference reference = attn::compute_reference(
+          problem.inputs, attn::slices_to_check(shape, attn::CheckMode::full, 1));
+      attn::CheckResult result = attn::compare(problem.inputs, reference, problem.output());
+      attn::compare_log_sum_exp(shape, reference, host_rows, {}, result);
+      INFO("L: max abs error " << result.log_sum_exp_max_error << " over "
+                               << result.log_sum_exp_rows << " rows");
+      CHECK(result.log_sum_exp_rows == int64_t(rows));
+      require_pass(result);
     }
   }
 }

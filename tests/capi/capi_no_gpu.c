@@ -99,6 +99,27 @@ int main(void) {
   }
 
   {
+    /* L (the log-sum-exp): steps 6, 7 and 8 write it, the earlier ones do not. */
+    static char fake_rows[64] __attribute__((aligned(16)));
+    int writers = 0;
+    for (i = 0; i < count; ++i) {
+      if (attn_step_get(i, &info) != ATTN_OK) continue;
+      const int expected = strcmp(info.id, "v6") == 0 || strcmp(info.id, "v7") == 0 ||
+                           strcmp(info.id, "v8") == 0;
+      writers += info.writes_log_sum_exp;
+      expect(info.writes_log_sum_exp == expected, "writes_log_sum_exp is set for v6, v7 and v8 alone",
+             info.id);
+    }
+    expect(writers == 3, "three steps write L", NULL);
+    expect_answer(attn_run_with_log_sum_exp("v0", NULL, NULL, NULL, NULL, fake_rows, 1, 1, 64, 64,
+                                            NULL, NULL, NULL, message, sizeof message),
+                  ATTN_REFUSED, message, "does not write L", "a step that writes no L is refused L");
+    expect_answer(attn_run_with_log_sum_exp("v6", NULL, NULL, NULL, NULL, NULL, 1, 1, 64, 64, NULL,
+                                            NULL, NULL, message, sizeof message),
+                  ATTN_REFUSED, message, "log_sum_exp is NULL", "a NULL L is refused");
+  }
+
+  {
     size_t bytes = 1;
     int status = attn_shared_bytes("v0", 197, 64, &bytes, message, sizeof message);
     expect(status == ATTN_OK && bytes == 0, "v0 needs no shared memory (attn_shared_bytes)", message);
