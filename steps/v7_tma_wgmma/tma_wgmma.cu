@@ -75,7 +75,8 @@ constexpr uint32_t kSharedBytes = sizeof(SharedStorage<kHeadDim>) + 1024;
 // One block: kBlockM query rows of one (b, h) slice; warpgroup g owns rows 64g..64g+63 of them.
 // A thread holds two of its warpgroup's rows (ptx.cuh gives the accumulator layout): row
 // lane/4 of its warp's 16 ("half" 0) and that row + 8 (half 1), a quarter of each row's columns.
-template <int kHeadDim>
+// kWritesLse: the epilogue also writes each row's L to row_lse (a kernel of its own, as in v6).
+template <int kHeadDim, bool kWritesLse>
 __global__ void __launch_bounds__(Tiles<kHeadDim>::kThreads, 1)
     tma_wgmma_attention_kernel(const __grid_constant__ CUtensorMap q_map,
                                const __grid_constant__ CUtensorMap k_map,
@@ -229,9 +230,11 @@ __global__ void __launch_bounds__(Tiles<kHeadDim>::kThreads, 1)
     total += __shfl_xor_sync(0xffffffffu, total, 1);
     total += __shfl_xor_sync(0xffffffffu, total, 2);
     inverse[half] = 1.0f / total;
-    const int row = row0 + warp_group * 64 + warp * 16 + lane / 4 + 8 * half;
-    if (row_lse != nullptr && quad_lane == 0 && row < tokens) {
-      row_lse[int64_t(slice) * tokens + row] = hopper::log_sum_exp(row_max[half], total, scale_log2);
+    if constexpr (kWritesLse) {
+      const int row = row0 + warp_group * 64 + warp * 16 + lane / 4 + 8 * half;
+      if (quad_lane == 0 && row < tokens) {
+        row_lse[int64_t(slice) * tokens + row] = hopper::log_sum_exp(row_max[half], total, scale_log2);
+      }
     }
   }
   o_staging.check_writable();
@@ -265,7 +268,8 @@ void launch_for(const attn::AttentionArgs& args) {
   // Q in blocks of rows, K and V in tiles of keys, O in a warpgroup's 64 rows (views too).
   const hopper::AttentionMaps maps =
       hopper::attention_maps<T::kSwizzle>(args, T::kBlockM, T::kBlockN, 64);
-  auto kernel = tma_wgmma_attention_kernel<kHeadDim>;
+  auto kernel = args.log_sum_exp != nullptr ? tma_wgmma_attention_kernel<kHeadDim, true>
+                                             : tma_wgmma_attention_kernel<kHeadDim, false>;
   CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                   int(kSharedBytes<kHeadDim>)));
   const int row_tiles = (args.tokens + T::kBlockM - 1) / T::kBlockM;

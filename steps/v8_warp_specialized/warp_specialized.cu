@@ -114,7 +114,8 @@ __device__ __forceinline__ WorkTile work_tile(int index, int row_tiles, int head
 
 // A thread of consumer c holds two rows of c's 64 (ptx.cuh gives the accumulator layout):
 // row lane/4 of its warp's 16 ("half" 0) and that row + 8 (half 1), a quarter of their columns.
-template <typename T>
+// kWritesLse: the epilogue also writes each row's L to row_lse (a kernel of its own, as in v6).
+template <typename T, bool kWritesLse>
 __global__ void __launch_bounds__(T::kThreads, 1)
     warp_specialized_attention_kernel(const __grid_constant__ CUtensorMap q_map,
                                       const __grid_constant__ CUtensorMap k_map,
@@ -361,10 +362,12 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       total += __shfl_xor_sync(0xffffffffu, total, 1);
       total += __shfl_xor_sync(0xffffffffu, total, 2);
       inverse[half] = 1.0f / total;
-      const int row = my_row0 + warp * 16 + lane / 4 + 8 * half;
-      if (row_lse != nullptr && quad_lane == 0 && row < tokens) {
-        row_lse[(int64_t(tile.batch) * heads + tile.head) * tokens + row] =
-            hopper::log_sum_exp(row_max[half], total, scale_log2);
+      if constexpr (kWritesLse) {
+        const int row = my_row0 + warp * 16 + lane / 4 + 8 * half;
+        if (quad_lane == 0 && row < tokens) {
+          row_lse[(int64_t(tile.batch) * heads + tile.head) * tokens + row] =
+              hopper::log_sum_exp(row_max[half], total, scale_log2);
+        }
       }
     }
     if (thread_in_group == 0) o_staging.wait_read();
@@ -402,7 +405,8 @@ void launch_for(const attn::AttentionArgs& args) {
   // Q in work tiles of rows, K and V in tiles of keys, O in a consumer's 64 rows (views too).
   const hopper::AttentionMaps maps =
       hopper::attention_maps<T::kSwizzle>(args, T::kBlockM, T::kBlockN, 64);
-  auto kernel = warp_specialized_attention_kernel<T>;
+  auto kernel = args.log_sum_exp != nullptr ? warp_specialized_attention_kernel<T, true>
+                                             : warp_specialized_attention_kernel<T, false>;
   CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                   int(kSharedBytes<T>)));
   int device = 0, sm_count = 0;
