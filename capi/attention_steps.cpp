@@ -164,9 +164,10 @@ void check_pointer(const char* name, const void* pointer, int device) {
   }
 }
 
-bool overlaps(const void* a, const void* b, std::size_t bytes) {
+// Whether [a, a + a_bytes) and [b, b + b_bytes) share a byte.
+bool overlaps(const void* a, std::size_t a_bytes, const void* b, std::size_t b_bytes) {
   const auto x = reinterpret_cast<std::uintptr_t>(a), y = reinterpret_cast<std::uintptr_t>(b);
-  return x < y + bytes && y < x + bytes;
+  return x < y + b_bytes && y < x + a_bytes;
 }
 
 // Bytes from a [B, H, N, D] view's first element to one past its last.
@@ -179,7 +180,7 @@ std::size_t span_bytes(const attn::Shape& shape, const attn::TensorStrides& stri
 int check_run(const attn::StepInfo& step, const attn::Shape& shape, const void* q, const void* k,
               const void* v, const void* o, void* stream,
               const attn::TensorStrides& qkv_strides = {},
-              const attn::TensorStrides& o_strides = {}) {
+              const attn::TensorStrides& o_strides = {}, const void* log_sum_exp = nullptr) {
   if (auto reason = step.refuses(shape)) throw Refused{*reason};
   const int device = current_device();
   if (auto reason = step.refuses(shape, limits_of(device))) throw Refused{*reason};
@@ -200,10 +201,21 @@ int check_run(const attn::StepInfo& step, const attn::Shape& shape, const void* 
   const std::size_t output_bytes = span_bytes(
       shape, attn::actual_strides(o_strides, shape.heads, shape.tokens, shape.head_dim));
   for (const auto& [name, input] : {std::pair<const char*, const void*>{"q", q}, {"k", k}, {"v", v}}) {
-    const auto x = reinterpret_cast<std::uintptr_t>(o), y = reinterpret_cast<std::uintptr_t>(input);
-    if (x < y + input_bytes && y < x + output_bytes) {
+    if (overlaps(o, output_bytes, input, input_bytes)) {
       throw Refused{std::string("o overlaps ") + name +
                     ": the output must not share memory with an input"};
+    }
+  }
+  if (log_sum_exp != nullptr) {
+    check_pointer("log_sum_exp", log_sum_exp, device);
+    const std::size_t rows_bytes = std::size_t(shape.slices() * shape.tokens) * sizeof(float);
+    for (const auto& [name, tensor, bytes] :
+         {std::tuple<const char*, const void*, std::size_t>{"q", q, input_bytes},
+          {"k", k, input_bytes}, {"v", v, input_bytes}, {"o", o, output_bytes}}) {
+      if (overlaps(log_sum_exp, rows_bytes, tensor, bytes)) {
+        throw Refused{std::string("log_sum_exp overlaps ") + name +
+                      ": L must not share memory with an input or O"};
+      }
     }
   }
 #if CUDART_VERSION >= 12080
@@ -389,9 +401,7 @@ int attn_run_with_workspace(const char* id, const void* q, const void* k, const 
       }
       check_pointer("workspace", workspace, device);
       for (const void* tensor : {q, k, v, static_cast<const void*>(o)}) {
-        const auto x = reinterpret_cast<std::uintptr_t>(workspace);
-        const auto y = reinterpret_cast<std::uintptr_t>(tensor);
-        if (x < y + std::size_t(shape.elements()) * 2 && y < x + needed) {
+        if (overlaps(workspace, needed, tensor, std::size_t(shape.elements()) * sizeof(__half))) {
           throw Refused{"the workspace overlaps q, k, v or o"};
         }
       }
@@ -434,27 +444,9 @@ void run_views(const char* id, const void* q, const void* k, const void* v, void
   attn::AttentionArgs args = args_for(shape, q, k, v, o, nullptr, stream);
   args.qkv_strides = strides_of("qkv", qkv_strides);
   args.o_strides = strides_of("o", o_strides);
-  const int device = check_run(step, shape, q, k, v, o, stream, args.qkv_strides, args.o_strides);
+  check_run(step, shape, q, k, v, o, stream, args.qkv_strides, args.o_strides, log_sum_exp);
   if (step.workspace_for(shape) > 0) throw Refused{step.id + " needs a workspace: use attn_run"};
-  if (log_sum_exp != nullptr) {
-    check_pointer("log_sum_exp", log_sum_exp, device);
-    const std::size_t rows_bytes = std::size_t(shape.slices() * shape.tokens) * sizeof(float);
-    const std::size_t input_bytes = span_bytes(
-        shape, attn::actual_strides(args.qkv_strides, shape.heads, shape.tokens, shape.head_dim));
-    const std::size_t output_bytes = span_bytes(
-        shape, attn::actual_strides(args.o_strides, shape.heads, shape.tokens, shape.head_dim));
-    const auto x = reinterpret_cast<std::uintptr_t>(log_sum_exp);
-    for (const auto& [name, tensor, bytes] :
-         {std::tuple<const char*, const void*, std::size_t>{"q", q, input_bytes},
-          {"k", k, input_bytes}, {"v", v, input_bytes}, {"o", o, output_bytes}}) {
-      const auto y = reinterpret_cast<std::uintptr_t>(tensor);
-      if (x < y + bytes && y < x + rows_bytes) {
-        throw Refused{std::string("log_sum_exp overlaps ") + name +
-                      ": L must not share memory with an input or O"};
-      }
-    }
-    args.log_sum_exp = static_cast<float*>(log_sum_exp);
-  }
+  args.log_sum_exp = static_cast<float*>(log_sum_exp);
   launch(step, args);
 }
 

@@ -26,6 +26,17 @@ void fill(std::vector<__half>& tensor, uint64_t seed, uint64_t stream, double sc
   });
 }
 
+// Q, K and V of `shape`, sized, values to be filled.
+HostTensors sized_inputs(const Shape& shape) {
+  HostTensors inputs;
+  inputs.shape = shape;
+  const auto count = std::size_t(shape.elements());
+  inputs.q.resize(count);
+  inputs.k.resize(count);
+  inputs.v.resize(count);
+  return inputs;
+}
+
 }  // namespace
 
 float normal_sample(uint64_t seed, uint64_t stream, uint64_t index) {
@@ -36,12 +47,7 @@ float normal_sample(uint64_t seed, uint64_t stream, uint64_t index) {
 }
 
 HostTensors make_inputs(const Shape& shape, uint64_t seed, double qk_scale) {
-  HostTensors inputs;
-  inputs.shape = shape;
-  const auto count = std::size_t(shape.elements());
-  inputs.q.resize(count);
-  inputs.k.resize(count);
-  inputs.v.resize(count);
+  HostTensors inputs = sized_inputs(shape);
   fill(inputs.q, seed, 1, qk_scale);
   fill(inputs.k, seed, 2, qk_scale);
   fill(inputs.v, seed, 3, 1.0);
@@ -49,12 +55,7 @@ HostTensors make_inputs(const Shape& shape, uint64_t seed, double qk_scale) {
 }
 
 HostTensors make_key_mask_probe_inputs(const Shape& shape, uint64_t seed) {
-  HostTensors inputs;
-  inputs.shape = shape;
-  const auto count = std::size_t(shape.elements());
-  inputs.q.resize(count);
-  inputs.k.resize(count);
-  inputs.v.resize(count);
+  HostTensors inputs = sized_inputs(shape);
   fill(inputs.q, seed, 1, 0.5, 2.0);
   fill(inputs.k, seed, 2, 0.5, -2.0);
   fill(inputs.v, seed, 3, 0.5, 1.0);

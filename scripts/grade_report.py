@@ -114,16 +114,28 @@ def sanitizer_excerpt(log, step):
     return "\n".join(lines[:60]) if lines else clip(log, 3000)
 
 
+def part_not_run(part, name, points, tags, build_failed):
+    """The test of a part that did not run (the build failed, or PART.skipped says why), or None."""
+    if build_failed:
+        return make_test(name, points, "failed", "not run: the build failed", tags)
+    skipped = Path(f"{part}.skipped")
+    if skipped.exists():
+        return make_test(name, points, "skipped", "SKIPPED: " + read(skipped).strip(), tags)
+    return None
+
+
+def exit_code(part):
+    return int(read(Path(f"{part}.rc")).strip())
+
+
 def sanitizer_test(work_dir, step, tool, build_failed, command):
     name = f"step{step} compute-sanitizer {tool}"
     tags = ["gpu", f"step{step}", "sanitizer"]
     part = work_dir / f"step{step}.{tool}"
-    if build_failed:
-        return make_test(name, 1, "failed", "not run: the build failed", tags)
-    skipped = Path(f"{part}.skipped")
-    if skipped.exists():
-        return make_test(name, 1, "skipped", "SKIPPED: " + read(skipped).strip(), tags)
-    code = int(read(Path(f"{part}.rc")).strip())
+    not_run = part_not_run(part, name, 1, tags, build_failed)
+    if not_run:
+        return not_run
+    code = exit_code(part)
     log = read(Path(f"{part}.log"))
     excerpt = sanitizer_excerpt(log, step)
     if code == 0:
@@ -149,12 +161,10 @@ def checked_test(work_dir, step, build_failed):
     part = work_dir / f"step{step}.checked"
     name = f"step{step} checked pipeline"
     tags = ["gpu", f"step{step}", "checked"]
-    if build_failed:
-        return make_test(name, 1, "failed", "not run: the build failed", tags)
-    skipped = Path(f"{part}.skipped")
-    if skipped.exists():
-        return make_test(name, 1, "skipped", "SKIPPED: " + read(skipped).strip(), tags)
-    code = int(read(Path(f"{part}.rc")).strip())
+    not_run = part_not_run(part, name, 1, tags, build_failed)
+    if not_run:
+        return not_run
+    code = exit_code(part)
     log = read(Path(f"{part}.log"))
     command = f"gpu_tests --step=v{step} in the checked build (-DATTN_CHECKED_PIPELINE=ON)"
     if code == 0:
@@ -170,12 +180,10 @@ def speed_test(work_dir, step, tokens, build_failed):
     name = f"step{step} speed vs shipped at N={tokens}"
     tags = ["gpu", f"step{step}", "speed"]
     part = work_dir / f"step{step}.speed"
-    if build_failed:
-        return make_test(name, 0, "failed", "not run: the build failed", tags), None
-    skipped = Path(f"{part}.skipped")
-    if skipped.exists():
-        return make_test(name, 0, "skipped", "SKIPPED: " + read(skipped).strip(), tags), None
-    code = int(read(Path(f"{part}.rc")).strip())
+    not_run = part_not_run(part, name, 0, tags, build_failed)
+    if not_run:
+        return not_run, None
+    code = exit_code(part)
     rows = {}
     csv_path = Path(f"{part}.csv")
     if csv_path.exists():
