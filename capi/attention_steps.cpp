@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <exception>
@@ -141,12 +142,14 @@ std::string address(const void* pointer) {
 }
 
 // Device (or managed) memory of `device`, 16-byte aligned: the steps load 16 bytes at a time.
-void check_pointer(const char* name, const void* pointer, int device) {
+// With query_cuda false only the first two: the caller vouched for the rest.
+void check_pointer(const char* name, const void* pointer, int device, bool query_cuda) {
   if (pointer == nullptr) throw Refused{std::string(name) + " is NULL"};
   if (reinterpret_cast<std::uintptr_t>(pointer) % 16 != 0) {
     throw Refused{std::string(name) + " (" + address(pointer) +
                   ") is not 16-byte aligned; the steps load 16 bytes at a time"};
   }
+  if (!query_cuda) return;
   cudaPointerAttributes attributes{};
   const cudaError_t status = cudaPointerGetAttributes(&attributes, pointer);
   if (status != cudaSuccess) {
@@ -177,10 +180,11 @@ std::size_t span_bytes(const attn::Shape& shape, const attn::TensorStrides& stri
 }
 
 // Everything a launch needs, judged before anything is queued. Returns the device.
+// With query_cuda false (attn_launch_args::pointers_checked_by_caller) the caller has vouched
+// for the pointers' and the stream's device: only the arithmetic checks run.
 int check_run(const attn::StepInfo& step, const attn::Shape& shape, const void* q, const void* k,
-              const void* v, const void* o, void* stream,
-              const attn::TensorStrides& qkv_strides = {},
-              const attn::TensorStrides& o_strides = {}, const void* log_sum_exp = nullptr) {
+              const void* v, const void* o, void* stream, const attn::TensorStrides& qkv_strides,
+              const attn::TensorStrides& o_strides, const void* log_sum_exp, bool query_cuda) {
   if (auto reason = step.refuses(shape)) throw Refused{*reason};
   const int device = current_device();
   if (auto reason = step.refuses(shape, limits_of(device))) throw Refused{*reason};
@@ -192,10 +196,10 @@ int check_run(const attn::StepInfo& step, const attn::Shape& shape, const void* 
                                       "thread, so nothing was launched: ") +
                           cudaGetErrorName(pending) + " (" + cudaGetErrorString(pending) + ")");
   }
-  check_pointer("q", q, device);
-  check_pointer("k", k, device);
-  check_pointer("v", v, device);
-  check_pointer("o", o, device);
+  for (const auto& [name, pointer] : {std::pair<const char*, const void*>{"q", q}, {"k", k},
+                                       {"v", v}, {"o", o}}) {
+    check_pointer(name, pointer, device, query_cuda);
+  }
   const std::size_t input_bytes = span_bytes(
       shape, attn::actual_strides(qkv_strides, shape.heads, shape.tokens, shape.head_dim));
   const std::size_t output_bytes = span_bytes(
@@ -207,7 +211,7 @@ int check_run(const attn::StepInfo& step, const attn::Shape& shape, const void* 
     }
   }
   if (log_sum_exp != nullptr) {
-    check_pointer("log_sum_exp", log_sum_exp, device);
+    check_pointer("log_sum_exp", log_sum_exp, device, query_cuda);
     const std::size_t rows_bytes = std::size_t(shape.slices() * shape.tokens) * sizeof(float);
     for (const auto& [name, tensor, bytes] :
          {std::tuple<const char*, const void*, std::size_t>{"q", q, input_bytes},
@@ -219,6 +223,7 @@ int check_run(const attn::StepInfo& step, const attn::Shape& shape, const void* 
     }
   }
 #if CUDART_VERSION >= 12080
+  if (!query_cuda) return device;
   int stream_device = device;
   CUDA_CHECK(cudaStreamGetDevice(static_cast<cudaStream_t>(stream), &stream_device));
   if (stream_device != device) {
@@ -341,47 +346,151 @@ int attn_workspace_bytes(const char* id, int64_t batch, int64_t heads, int64_t t
   });
 }
 
+}  // extern "C"
+
+namespace {
+
+// The contiguous strides of the shape given explicitly are no strides at all: every step takes
+// those. Others must keep every row of D values 16-byte aligned.
+attn::TensorStrides strides_of(const char* name, const attn_strides& given,
+                               const attn::Shape& shape) {
+  const attn::TensorStrides strides{given.batch, given.head, given.token};
+  const attn::TensorStrides contiguous =
+      attn::actual_strides({}, shape.heads, shape.tokens, shape.head_dim);
+  if (strides.contiguous() || (strides.batch == contiguous.batch &&
+                               strides.head == contiguous.head && strides.token == contiguous.token)) {
+    return {};
+  }
+  for (int64_t stride : {given.batch, given.head, given.token}) {
+    if (stride < shape.head_dim || stride % 8 != 0) {
+      throw Refused{std::string(name) + " strides {" + std::to_string(given.batch) + ", " +
+                    std::to_string(given.head) + ", " + std::to_string(given.token) +
+                    "}: each must be a multiple of 8 elements (16 bytes) and at least "
+                    "head_dim (" + std::to_string(shape.head_dim) + ")"};
+    }
+  }
+  return strides;
+}
+
+// attn_launch, which every attn_run* function is a case of. Nothing is queued unless every
+// argument is accepted.
+void launch_call(const char* id, const attn_launch_args& call) {
+  const attn::StepInfo& step = step_named(id);
+  const attn::Shape shape = shape_of(call.batch, call.heads, call.tokens, call.head_dim);
+  if (call.kv_tokens != 0 && call.kv_tokens != call.tokens) {
+    throw Refused{"kv_tokens " + std::to_string(call.kv_tokens) + " differs from tokens " +
+                  std::to_string(call.tokens) + ": no step serves cross-attention yet (keys and "
+                  "values must be as many as the queries)"};
+  }
+  if (call.key_padding_mask != nullptr) {
+    throw Refused{"no step serves a key-padding mask yet: key_padding_mask must be NULL"};
+  }
+  if (call.log_sum_exp != nullptr && !step.writes_log_sum_exp) {
+    throw Refused{step.id + " does not write L (the log-sum-exp); steps that do have "
+                  "writes_log_sum_exp in their info"};
+  }
+  if (!(call.scale >= 0.0) || !std::isfinite(call.scale)) {
+    throw Refused{"scale " + std::to_string(call.scale) +
+                  ": it must be finite and positive (0 means 1/sqrt(head_dim))"};
+  }
+  attn::AttentionArgs args = args_for(shape, call.q, call.k, call.v, call.o, nullptr, call.stream);
+  if (call.scale > 0.0) args.scale = call.scale;
+  args.qkv_strides = strides_of("qkv", call.qkv_strides, shape);
+  args.o_strides = strides_of("o", call.o_strides, shape);
+  if ((!args.qkv_strides.contiguous() || !args.o_strides.contiguous()) && !step.takes_strides) {
+    throw Refused{step.id + " reads and writes contiguous [B, H, N, D] tensors only; give "
+                  "contiguous ones, or use a step that takes views"};
+  }
+  const bool query_cuda = call.pointers_checked_by_caller == 0;
+  const int device = check_run(step, shape, call.q, call.k, call.v, call.o, call.stream,
+                               args.qkv_strides, args.o_strides, call.log_sum_exp, query_cuda);
+  args.log_sum_exp = static_cast<float*>(call.log_sum_exp);
+  const std::size_t needed = step.workspace_for(shape);
+  if (needed == 0) {
+    launch(step, args);
+    return;
+  }
+  if (call.workspace != nullptr) {
+    if (call.workspace_bytes < needed) {
+      throw Refused{step.id + " needs " + std::to_string(needed) +
+                    " bytes of workspace at this shape; " + std::to_string(call.workspace_bytes) +
+                    " given"};
+    }
+    check_pointer("workspace", call.workspace, device, query_cuda);
+    for (const void* tensor : {call.q, call.k, call.v, static_cast<const void*>(call.o)}) {
+      if (overlaps(call.workspace, needed, tensor, std::size_t(shape.elements()) * sizeof(__half))) {
+        throw Refused{"the workspace overlaps q, k, v or o"};
+      }
+    }
+    args.workspace = call.workspace;
+    launch(step, args);
+    return;
+  }
+  // Stream-ordered scratch: allocated, used and freed in the stream's order, so the call stays
+  // asynchronous (and can be captured into a graph). A GPU without memory pools gets cudaMalloc
+  // and a synchronisation.
+  const auto cuda_stream = static_cast<cudaStream_t>(call.stream);
+  int pools = 0;
+  CUDA_CHECK(cudaDeviceGetAttribute(&pools, cudaDevAttrMemoryPoolsSupported, device));
+  void* workspace = nullptr;
+  const cudaError_t status = pools ? cudaMallocAsync(&workspace, needed, cuda_stream)
+                                   : cudaMalloc(&workspace, needed);
+  if (status != cudaSuccess) {
+    cudaGetLastError();
+    throw attn::CudaError(step.id + " needs " + attn::gibibytes(double(needed)) +
+                          " of workspace at this shape and could not get it (" +
+                          cudaGetErrorString(status) + ")");
+  }
+  struct Release {  // frees the workspace on every path out, launch failure included
+    void* pointer;
+    cudaStream_t stream;
+    bool pools;
+    ~Release() {
+      if (pools) {
+        cudaFreeAsync(pointer, stream);
+      } else {
+        cudaStreamSynchronize(stream);
+        cudaFree(pointer);
+      }
+    }
+  } release{workspace, cuda_stream, pools != 0};
+  args.workspace = workspace;
+  launch(step, args);
+}
+
+// The call of attn_run_strided and attn_run_with_log_sum_exp: NULL strides are contiguous.
+attn_launch_args call_of(const void* q, const void* k, const void* v, void* o, int64_t batch,
+                         int64_t heads, int64_t tokens, int64_t head_dim, void* stream) {
+  attn_launch_args call{};
+  call.q = q;
+  call.k = k;
+  call.v = v;
+  call.o = o;
+  call.batch = batch;
+  call.heads = heads;
+  call.tokens = tokens;
+  call.head_dim = head_dim;
+  call.stream = stream;
+  return call;
+}
+
+}  // namespace
+
+extern "C" {
+
+int attn_launch(const char* id, const attn_launch_args* args, char* message,
+                std::size_t message_size) {
+  return guarded(message, message_size, [&] {
+    if (args == nullptr) throw Refused{"args is NULL"};
+    launch_call(id, *args);
+  });
+}
+
 int attn_run(const char* id, const void* q, const void* k, const void* v, void* o, int64_t batch,
              int64_t heads, int64_t tokens, int64_t head_dim, void* stream, char* message,
              std::size_t message_size) {
-  return guarded(message, message_size, [&] {
-    const attn::StepInfo& step = step_named(id);
-    const attn::Shape shape = shape_of(batch, heads, tokens, head_dim);
-    const int device = check_run(step, shape, q, k, v, o, stream);
-    const auto cuda_stream = static_cast<cudaStream_t>(stream);
-    const std::size_t workspace_bytes = step.workspace_for(shape);
-    if (workspace_bytes == 0) {
-      launch(step, args_for(shape, q, k, v, o, nullptr, stream));
-      return;
-    }
-    // Stream-ordered scratch: allocated, used and freed in the stream's order, so the call
-    // stays asynchronous. A GPU without memory pools gets cudaMalloc and a synchronisation.
-    int pools = 0;
-    CUDA_CHECK(cudaDeviceGetAttribute(&pools, cudaDevAttrMemoryPoolsSupported, device));
-    void* workspace = nullptr;
-    const cudaError_t status = pools ? cudaMallocAsync(&workspace, workspace_bytes, cuda_stream)
-                                     : cudaMalloc(&workspace, workspace_bytes);
-    if (status != cudaSuccess) {
-      cudaGetLastError();
-      throw attn::CudaError(step.id + " needs " + attn::gibibytes(double(workspace_bytes)) +
-                            " of workspace at this shape and could not get it (" +
-                            cudaGetErrorString(status) + ")");
-    }
-    struct Release {  // frees the workspace on every path out, launch failure included
-      void* pointer;
-      cudaStream_t stream;
-      bool pools;
-      ~Release() {
-        if (pools) {
-          cudaFreeAsync(pointer, stream);
-        } else {
-          cudaStreamSynchronize(stream);
-          cudaFree(pointer);
-        }
-      }
-    } release{workspace, cuda_stream, pools != 0};
-    launch(step, args_for(shape, q, k, v, o, workspace, stream));
-  });
+  const attn_launch_args call = call_of(q, k, v, o, batch, heads, tokens, head_dim, stream);
+  return attn_launch(id, &call, message, message_size);
 }
 
 int attn_run_with_workspace(const char* id, const void* q, const void* k, const void* v, void* o,
@@ -389,82 +498,25 @@ int attn_run_with_workspace(const char* id, const void* q, const void* k, const 
                             void* workspace, std::size_t workspace_bytes, void* stream,
                             char* message, std::size_t message_size) {
   return guarded(message, message_size, [&] {
+    attn_launch_args call = call_of(q, k, v, o, batch, heads, tokens, head_dim, stream);
     const attn::StepInfo& step = step_named(id);
-    const attn::Shape shape = shape_of(batch, heads, tokens, head_dim);
-    const int device = check_run(step, shape, q, k, v, o, stream);
-    const std::size_t needed = step.workspace_for(shape);
-    if (needed > 0) {
-      if (workspace_bytes < needed) {
-        throw Refused{step.id + " needs " + std::to_string(needed) +
-                      " bytes of workspace at this shape; " + std::to_string(workspace_bytes) +
-                      " given"};
-      }
-      check_pointer("workspace", workspace, device);
-      for (const void* tensor : {q, k, v, static_cast<const void*>(o)}) {
-        if (overlaps(workspace, needed, tensor, std::size_t(shape.elements()) * sizeof(__half))) {
-          throw Refused{"the workspace overlaps q, k, v or o"};
-        }
-      }
+    if (step.workspace_for(shape_of(batch, heads, tokens, head_dim)) > 0 && workspace == nullptr) {
+      throw Refused{step.id + " needs a workspace at this shape; workspace is NULL"};
     }
-    launch(step, args_for(shape, q, k, v, o, needed > 0 ? workspace : nullptr, stream));
+    call.workspace = workspace;
+    call.workspace_bytes = workspace_bytes;
+    launch_call(id, call);
   });
 }
-
-}  // extern "C"
-
-namespace {
-
-// attn_run_strided and attn_run_with_log_sum_exp: views (either strides may be NULL) and, when
-// `log_sum_exp` is not NULL, L. Nothing is queued unless every argument is accepted.
-void run_views(const char* id, const void* q, const void* k, const void* v, void* o,
-               void* log_sum_exp, int64_t batch, int64_t heads, int64_t tokens, int64_t head_dim,
-               const attn_strides* qkv_strides, const attn_strides* o_strides, void* stream) {
-  const attn::StepInfo& step = step_named(id);
-  const attn::Shape shape = shape_of(batch, heads, tokens, head_dim);
-  if (log_sum_exp != nullptr && !step.writes_log_sum_exp) {
-    throw Refused{step.id + " does not write L (the log-sum-exp); steps that do have "
-                  "writes_log_sum_exp in their info"};
-  }
-  if ((qkv_strides != nullptr || o_strides != nullptr) && !step.takes_strides) {
-    throw Refused{step.id + " reads and writes contiguous [B, H, N, D] tensors only; give "
-                  "contiguous ones (NULL strides), or use a step that takes views"};
-  }
-  auto strides_of = [&](const char* name, const attn_strides* given) {
-    if (given == nullptr) return attn::TensorStrides{};
-    for (int64_t stride : {given->batch, given->head, given->token}) {
-      if (stride < head_dim || stride % 8 != 0) {
-        throw Refused{std::string(name) + " strides {" + std::to_string(given->batch) + ", " +
-                      std::to_string(given->head) + ", " + std::to_string(given->token) +
-                      "}: each must be a multiple of 8 elements (16 bytes) and at least "
-                      "head_dim (" + std::to_string(head_dim) + ")"};
-      }
-    }
-    return attn::TensorStrides{given->batch, given->head, given->token};
-  };
-  attn::AttentionArgs args = args_for(shape, q, k, v, o, nullptr, stream);
-  args.qkv_strides = strides_of("qkv", qkv_strides);
-  args.o_strides = strides_of("o", o_strides);
-  check_run(step, shape, q, k, v, o, stream, args.qkv_strides, args.o_strides, log_sum_exp);
-  if (step.workspace_for(shape) > 0) throw Refused{step.id + " needs a workspace: use attn_run"};
-  args.log_sum_exp = static_cast<float*>(log_sum_exp);
-  launch(step, args);
-}
-
-}  // namespace
-
-extern "C" {
 
 int attn_run_strided(const char* id, const void* q, const void* k, const void* v, void* o,
                      int64_t batch, int64_t heads, int64_t tokens, int64_t head_dim,
                      const attn_strides* qkv_strides, const attn_strides* o_strides, void* stream,
                      char* message, std::size_t message_size) {
-  if (qkv_strides == nullptr && o_strides == nullptr) {
-    return attn_run(id, q, k, v, o, batch, heads, tokens, head_dim, stream, message, message_size);
-  }
-  return guarded(message, message_size, [&] {
-    run_views(id, q, k, v, o, nullptr, batch, heads, tokens, head_dim, qkv_strides, o_strides,
-              stream);
-  });
+  attn_launch_args call = call_of(q, k, v, o, batch, heads, tokens, head_dim, stream);
+  if (qkv_strides != nullptr) call.qkv_strides = *qkv_strides;
+  if (o_strides != nullptr) call.o_strides = *o_strides;
+  return attn_launch(id, &call, message, message_size);
 }
 
 int attn_run_with_log_sum_exp(const char* id, const void* q, const void* k, const void* v,
@@ -472,11 +524,15 @@ int attn_run_with_log_sum_exp(const char* id, const void* q, const void* k, cons
                               int64_t tokens, int64_t head_dim, const attn_strides* qkv_strides,
                               const attn_strides* o_strides, void* stream, char* message,
                               std::size_t message_size) {
-  return guarded(message, message_size, [&] {
-    if (log_sum_exp == nullptr) throw Refused{"log_sum_exp is NULL; attn_run_strided runs without L"};
-    run_views(id, q, k, v, o, log_sum_exp, batch, heads, tokens, head_dim, qkv_strides, o_strides,
-              stream);
-  });
+  if (log_sum_exp == nullptr) {
+    write_message(message, message_size, "log_sum_exp is NULL; attn_run_strided runs without L");
+    return ATTN_REFUSED;
+  }
+  attn_launch_args call = call_of(q, k, v, o, batch, heads, tokens, head_dim, stream);
+  call.log_sum_exp = log_sum_exp;
+  if (qkv_strides != nullptr) call.qkv_strides = *qkv_strides;
+  if (o_strides != nullptr) call.o_strides = *o_strides;
+  return attn_launch(id, &call, message, message_size);
 }
 
 }  // extern "C"

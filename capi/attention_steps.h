@@ -35,7 +35,7 @@ extern "C" {
 #endif
 
 /* Bumped when a signature or a struct below changes. */
-#define ATTN_ABI_VERSION 3
+#define ATTN_ABI_VERSION 4
 
 #define ATTN_OK 0
 #define ATTN_REFUSED 2
@@ -141,6 +141,46 @@ int attn_run_with_log_sum_exp(const char* id, const void* q, const void* k, cons
                               int64_t tokens, int64_t head_dim, const attn_strides* qkv_strides,
                               const attn_strides* o_strides, void* stream, char* message,
                               size_t message_size);
+
+/* Everything one launch takes, for attn_launch. Zero it first ({0} in C, {} in C++) and fill in
+ * what the call has: every field left zero means what its comment says. */
+typedef struct attn_launch_args {
+  const void* q;
+  const void* k;
+  const void* v;
+  void* o;
+  void* log_sum_exp;  /* NULL, or L as attn_run_with_log_sum_exp writes it: [B, H, N] fp32 */
+  int64_t batch, heads, tokens, head_dim;
+  /* Keys and values per (b, h); 0 means `tokens`. Another count (cross-attention) is refused:
+   * no step serves one yet. */
+  int64_t kv_tokens;
+  /* Must be NULL: no step serves a key-padding mask yet. */
+  const void* key_padding_mask;
+  /* Strides of views, as attn_run_strided takes them; all zero (or the contiguous strides) means
+   * contiguous [B, H, N, D], which every step takes. */
+  attn_strides qkv_strides;
+  attn_strides o_strides;
+  /* The factor on the scores, s = scale * q K^T; 0 means 1/sqrt(head_dim). Finite, > 0. */
+  double scale;
+  /* Scratch memory as attn_run_with_workspace takes it; NULL: a step that needs some gets it
+   * stream-ordered, as attn_run does. */
+  void* workspace;
+  size_t workspace_bytes;
+  void* stream;  /* a cudaStream_t of the current device; NULL: the legacy default stream */
+  /* 1: the caller vouches that q, k, v, o, log_sum_exp and the workspace are device memory of
+   * the current device and that the stream belongs to it (a framework whose tensors carry their
+   * device does). The library then skips the CUDA queries that would check it
+   * (cudaPointerGetAttributes per pointer, cudaStreamGetDevice): the call makes no CUDA call but
+   * the launch. Alignment, sizes and overlaps are still checked: that is arithmetic. */
+  int pointers_checked_by_caller;
+} attn_launch_args;
+
+/* The one general launch: attn_run, attn_run_with_workspace, attn_run_strided and
+ * attn_run_with_log_sum_exp are each a case of it. Nothing in it synchronises or allocates
+ * outside stream order, so a call may be captured into a CUDA graph (with a workspace given, or
+ * on a GPU with memory pools). */
+int attn_launch(const char* id, const attn_launch_args* args, char* message,
+                size_t message_size);
 
 #ifdef __cplusplus
 }

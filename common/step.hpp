@@ -7,6 +7,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <cmath>
 #include <cstddef>
 #include <optional>
 #include <string>
@@ -44,6 +45,9 @@ struct AttentionArgs {
   int heads = 0;
   int tokens = 0;
   int head_dim = 0;
+  // The factor on the scores, s = scale * q K^T: 1/sqrt(D) as the harness sets it (attention_args),
+  // another value when a caller asks (the C ABI's and PyTorch's `scale`). Every step honours it.
+  double scale = 0.0;
   void* workspace = nullptr;  // workspace_bytes(shape) bytes, when the step asks for any
   cudaStream_t stream = nullptr;
   // Views instead of contiguous tensors (Q, K and V sliced out of one packed projection, O
@@ -69,6 +73,7 @@ inline AttentionArgs attention_args(const Shape& shape, const __half* q, const _
   args.heads = int(shape.heads);
   args.tokens = int(shape.tokens);
   args.head_dim = int(shape.head_dim);
+  args.scale = 1.0 / std::sqrt(double(shape.head_dim));
   args.workspace = workspace;
   args.stream = stream;
   return args;

@@ -67,7 +67,7 @@ void launch_eager(const attn::AttentionArgs& args) {
   const int n = args.tokens, d = args.head_dim, slices = args.batch * args.heads;
   auto* scores = static_cast<__half*>(args.workspace);
   cublasHandle_t handle = handle_for(args.stream);
-  const float scale = 1.0f / std::sqrt(float(d)), one = 1.0f, zero = 0.0f;
+  const float scale = float(args.scale), one = 1.0f, zero = 0.0f;
 
   // cuBLAS is column-major: a row-major [N, D] matrix is a column-major D x N one. Row-major
   // S = Q K^T is column-major S^T = K Q^T, i.e. op(K^T)=T applied to the D x N "K^T" view.

@@ -22,7 +22,7 @@ from typing import Optional, Sequence, Tuple
 
 LIBRARY_NAME = "libattention_steps.so"
 ENVIRONMENT_VARIABLE = "ATTENTION_STEPS_LIBRARY"
-ABI_VERSION = 3          # capi/attention_steps.h: ATTN_ABI_VERSION
+ABI_VERSION = 4          # capi/attention_steps.h: ATTN_ABI_VERSION
 OK, REFUSED, CUDA_ERROR = 0, 2, 3
 MAX_HEAD_DIMS = 8        # ATTN_MAX_HEAD_DIMS
 MESSAGE_BYTES = 1024
@@ -92,6 +92,21 @@ class _StridesStruct(ctypes.Structure):
     _fields_ = [("batch", ctypes.c_int64), ("head", ctypes.c_int64), ("token", ctypes.c_int64)]
 
 
+class _LaunchArgsStruct(ctypes.Structure):  # attn_launch_args
+    _fields_ = [
+        ("q", ctypes.c_void_p), ("k", ctypes.c_void_p), ("v", ctypes.c_void_p),
+        ("o", ctypes.c_void_p), ("log_sum_exp", ctypes.c_void_p),
+        ("batch", ctypes.c_int64), ("heads", ctypes.c_int64), ("tokens", ctypes.c_int64),
+        ("head_dim", ctypes.c_int64), ("kv_tokens", ctypes.c_int64),
+        ("key_padding_mask", ctypes.c_void_p),
+        ("qkv_strides", _StridesStruct), ("o_strides", _StridesStruct),
+        ("scale", ctypes.c_double),
+        ("workspace", ctypes.c_void_p), ("workspace_bytes", ctypes.c_size_t),
+        ("stream", ctypes.c_void_p),
+        ("pointers_checked_by_caller", ctypes.c_int),
+    ]
+
+
 _i64, _size, _ptr, _char_p = ctypes.c_int64, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_char_p
 _SIGNATURES = {
     "attn_abi_version": [],
@@ -104,15 +119,7 @@ _SIGNATURES = {
     "attn_check": [_char_p, _i64, _i64, _i64, _i64, _char_p, _size],
     "attn_workspace_bytes": [_char_p, _i64, _i64, _i64, _i64, ctypes.POINTER(_size), _char_p,
                              _size],
-    "attn_run": [_char_p, _ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, _i64, _ptr, _char_p, _size],
-    "attn_run_with_workspace": [_char_p, _ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, _i64, _ptr,
-                                _size, _ptr, _char_p, _size],
-    "attn_run_strided": [_char_p, _ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, _i64,
-                         ctypes.POINTER(_StridesStruct), ctypes.POINTER(_StridesStruct), _ptr,
-                         _char_p, _size],
-    "attn_run_with_log_sum_exp": [_char_p, _ptr, _ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, _i64,
-                                  ctypes.POINTER(_StridesStruct), ctypes.POINTER(_StridesStruct),
-                                  _ptr, _char_p, _size],
+    "attn_launch": [_char_p, ctypes.POINTER(_LaunchArgsStruct), _char_p, _size],
 }
 
 
@@ -128,6 +135,11 @@ def _candidates(path):
         return [expand(os.environ[ENVIRONMENT_VARIABLE], ENVIRONMENT_VARIABLE)]
     return [(REPOSITORY / "build" / LIBRARY_NAME, "this checkout's build folder"),
             (LIBRARY_NAME, "the system loader")]
+
+
+def _pointer(address):
+    """An address (int) for ctypes; 0 and None are NULL."""
+    return int(address) if address else None
 
 
 def _shape(shape: Sequence[int]):
@@ -262,36 +274,27 @@ class Library:
         return result.value
 
     def run(self, step, q, k, v, o, shape, stream=0, workspace=None, workspace_bytes=0,
-            qkv_strides=None, o_strides=None, log_sum_exp=None):
-        """Queues the step on raw device pointers (ints) of fp16 [B, H, N, D] tensors, on the
-        cudaStream_t `stream` (an int; 0 is the legacy default stream). Without a workspace, a
-        step that needs one allocates it stream-ordered. qkv_strides and o_strides, element
-        strides (batch, head, token) of views, go to a step that takes_strides (None:
-        contiguous). log_sum_exp, a device pointer to B*H*N fp32 values, receives each row's L
-        from a step that writes_log_sum_exp."""
-        shape = _shape(shape)
-        pointers = [ctypes.c_void_p(int(p)) if p else None for p in (q, k, v, o)]
-        stream = ctypes.c_void_p(int(stream)) if stream else None
-        if log_sum_exp is not None:
-            if workspace is not None:
-                raise ValueError("runs that write L take no workspace")
-            given = [ctypes.byref(_StridesStruct(*map(int, strides))) if strides is not None
-                     else None for strides in (qkv_strides, o_strides)]
-            self._call("attn_run_with_log_sum_exp", self._id(step), *pointers,
-                       ctypes.c_void_p(int(log_sum_exp)) if log_sum_exp else None, *shape,
-                       *given, stream)
-        elif qkv_strides is not None or o_strides is not None:
-            if workspace is not None:
-                raise ValueError("strided runs take no workspace")
-            given = [ctypes.byref(_StridesStruct(*map(int, strides))) if strides is not None
-                     else None for strides in (qkv_strides, o_strides)]
-            self._call("attn_run_strided", self._id(step), *pointers, *shape, *given, stream)
-        elif workspace is None:
-            self._call("attn_run", self._id(step), *pointers, *shape, stream)
-        else:
-            self._call("attn_run_with_workspace", self._id(step), *pointers, *shape,
-                       ctypes.c_void_p(int(workspace)) if workspace else None,
-                       int(workspace_bytes), stream)
+            qkv_strides=None, o_strides=None, log_sum_exp=None, scale=None):
+        """Queues the step (attn_launch) on raw device pointers (ints) of fp16 [B, H, N, D]
+        tensors, on the cudaStream_t `stream` (an int; 0 is the legacy default stream). Without
+        a workspace, a step that needs one allocates it stream-ordered. qkv_strides and
+        o_strides, element strides (batch, head, token) of views, go to a step that
+        takes_strides (None: contiguous). log_sum_exp, a device pointer to B*H*N fp32 values,
+        receives each row's L from a step that writes_log_sum_exp. scale multiplies the scores
+        (None: 1/sqrt(D))."""
+        batch, heads, tokens, head_dim = _shape(shape)
+        call = _LaunchArgsStruct(
+            q=_pointer(q), k=_pointer(k), v=_pointer(v), o=_pointer(o),
+            log_sum_exp=_pointer(log_sum_exp),
+            batch=batch, heads=heads, tokens=tokens, head_dim=head_dim,
+            scale=0.0 if scale is None else float(scale),
+            workspace=_pointer(workspace), workspace_bytes=int(workspace_bytes),
+            stream=_pointer(stream))
+        if qkv_strides is not None:
+            call.qkv_strides = _StridesStruct(*map(int, qkv_strides))
+        if o_strides is not None:
+            call.o_strides = _StridesStruct(*map(int, o_strides))
+        self._call("attn_launch", self._id(step), ctypes.byref(call))
 
 
 _default = None

@@ -54,7 +54,7 @@ __global__ void naive_attention_kernel(const __half* q, const __half* k, const _
 
 void launch_naive(const attn::AttentionArgs& args) {
   const int64_t total = int64_t(args.batch) * args.heads * args.tokens * args.head_dim;
-  const float scale = 1.0f / std::sqrt(float(args.head_dim));
+  const float scale = float(args.scale);
   const unsigned blocks = unsigned((total + kThreadsPerBlock - 1) / kThreadsPerBlock);
   naive_attention_kernel<<<blocks, kThreadsPerBlock, 0, args.stream>>>(
       args.q, args.k, args.v, args.o, total, args.tokens, args.head_dim, scale);

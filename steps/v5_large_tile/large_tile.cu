@@ -275,7 +275,7 @@ void launch_large_tile(const attn::AttentionArgs& args) {
   const dim3 grid(unsigned((args.tokens + kQueryRows - 1) / kQueryRows),
                   unsigned(args.batch) * unsigned(args.heads));
   const dim3 block(kThreads);
-  const float scale = 1.0f / std::sqrt(float(kHeadDim));
+  const float scale = float(args.scale);
   large_tile_attention_kernel<<<grid, block, shared_bytes, args.stream>>>(
       args.q, args.k, args.v, args.o, args.tokens, scale);
   CUDA_CHECK_LAUNCH();

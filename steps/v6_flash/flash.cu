@@ -318,7 +318,7 @@ void launch_flash_for(Tiles<kHeadDim, kWarps, kRowGroups, kBlockN>, const attn::
                                   int(T::kSharedBytes)));
   const int row_tiles = (args.tokens + T::kBlockM - 1) / T::kBlockM;
   const int64_t blocks = int64_t(row_tiles) * args.batch * args.heads;
-  const float scale_log2 = float(M_LOG2E / std::sqrt(double(kHeadDim)));
+  const float scale_log2 = float(M_LOG2E * args.scale);
   kernel<<<unsigned(blocks), T::kThreads, T::kSharedBytes, args.stream>>>(
       args.q, args.k, args.v, args.o, args.log_sum_exp, args.tokens, row_tiles, scale_log2);
   CUDA_CHECK_LAUNCH();

@@ -273,7 +273,7 @@ void launch_for(const attn::AttentionArgs& args) {
   CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                   int(kSharedBytes<kHeadDim>)));
   const int row_tiles = (args.tokens + T::kBlockM - 1) / T::kBlockM;
-  const float scale_log2 = float(M_LOG2E / std::sqrt(double(kHeadDim)));
+  const float scale_log2 = float(M_LOG2E * args.scale);
   kernel<<<unsigned(int64_t(row_tiles) * slices), T::kThreads, kSharedBytes<kHeadDim>, args.stream>>>(
       maps.q, maps.k, maps.v, maps.o, args.log_sum_exp, args.heads, args.tokens, row_tiles,
       scale_log2);

@@ -400,7 +400,6 @@ __global__ void __launch_bounds__(T::kThreads, 1)
 
 template <typename T>
 void launch_for(const attn::AttentionArgs& args) {
-  constexpr int kHeadDim = T::kHeadDim;
   const int64_t slices = int64_t(args.batch) * args.heads;
   // Q in work tiles of rows, K and V in tiles of keys, O in a consumer's 64 rows (views too).
   const hopper::AttentionMaps maps =
@@ -417,7 +416,7 @@ void launch_for(const attn::AttentionArgs& args) {
   if (work_tiles > INT32_MAX) throw attn::CudaError("v8: more than 2^31 work tiles");
   int blocks = int(std::min<int64_t>(work_tiles, sm_count));  // persistent: one per SM
   if (args.max_persistent_blocks > 0) blocks = std::min(blocks, args.max_persistent_blocks);
-  const float scale_log2 = float(M_LOG2E / std::sqrt(double(kHeadDim)));
+  const float scale_log2 = float(M_LOG2E * args.scale);
   kernel<<<blocks, T::kThreads, kSharedBytes<T>, args.stream>>>(
       maps.q, maps.k, maps.v, maps.o, args.log_sum_exp, args.heads, args.tokens, row_tiles,
       int(work_tiles), scale_log2);

@@ -1,7 +1,8 @@
 // The C ABI on a GPU, for one step at a time (capi_gpu_tests --step=v3): results through
 // attn_run against the fp64 CPU reference at tail shapes for every head dim the step serves,
 // views, L (the log-sum-exp) where the step writes it, the caller's stream honoured, the
-// caller's workspace path, and misuse refused without a launch. The step runs from
+// caller's workspace path, a launch captured into a CUDA graph, another scale, and misuse
+// (cross-attention and masks included) refused without a launch. The step runs from
 // libattention_steps.so only: this program links no step object, just the harness's inputs,
 // reference and check (attn_common).
 // Without a CUDA device it says so and exits 77 (ctest: skipped); on a GPU the step cannot run
@@ -13,6 +14,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <iostream>
 #include <string>
@@ -295,6 +297,97 @@ TEST_CASE("the caller's workspace, and the stream-ordered one, give the same ans
     CHECK(short_status == ATTN_REFUSED);
     CHECK(contains(message, "workspace"));
   }
+}
+
+namespace {
+// attn_launch on a DeviceProblem, every field but the tensors and the shape left at its default.
+attn_launch_args launch_args_for(DeviceProblem& problem, cudaStream_t stream) {
+  attn_launch_args call{};
+  call.q = problem.q.data();
+  call.k = problem.k.data();
+  call.v = problem.v.data();
+  call.o = problem.o.data();
+  call.batch = problem.shape().batch;
+  call.heads = problem.shape().heads;
+  call.tokens = problem.shape().tokens;
+  call.head_dim = problem.shape().head_dim;
+  call.stream = stream;
+  return call;
+}
+}  // namespace
+
+TEST_CASE("a launch captured into a CUDA graph and replayed gives the answer (with and without the caller's vouching)") {
+  const attn::Shape shape{2, 3, 65, head_dims().front()};
+  const attn::Stream stream;
+  {  // a first run makes whatever the step keeps (a cuBLAS handle, the device's limits)
+    DeviceProblem warm_up(shape);
+    REQUIRE(warm_up.run(stream.get()).status == ATTN_OK);
+    CUDA_CHECK(cudaStreamSynchronize(stream.get()));
+  }
+  for (int vouched : {0, 1}) {
+    CAPTURE(vouched);
+    DeviceProblem problem(shape);
+    attn_launch_args call = launch_args_for(problem, stream.get());
+    call.pointers_checked_by_caller = vouched;
+    char message[1024] = "";
+    // Global mode: the strictest, in which any call that is not capture-safe (a synchronising
+    // query, cudaMalloc) invalidates the capture.
+    CUDA_CHECK(cudaStreamBeginCapture(stream.get(), cudaStreamCaptureModeGlobal));
+    const int status = attn_launch(step.id, &call, message, sizeof message);
+    cudaGraph_t graph = nullptr;
+    const cudaError_t captured = cudaStreamEndCapture(stream.get(), &graph);
+    INFO("attn_launch during capture: " << message << "; end of capture: "
+                                        << cudaGetErrorString(captured));
+    REQUIRE(status == ATTN_OK);
+    REQUIRE(captured == cudaSuccess);
+    // Captured, not run: O is still the NaN poison.
+    CHECK_FALSE(problem.check().passed);
+    cudaGraphExec_t instance = nullptr;
+    CUDA_CHECK(cudaGraphInstantiate(&instance, graph, 0));
+    for (int replay = 0; replay < 2; ++replay) CUDA_CHECK(cudaGraphLaunch(instance, stream.get()));
+    CUDA_CHECK(cudaStreamSynchronize(stream.get()));
+    require_pass(problem.check());
+    CUDA_CHECK(cudaGraphExecDestroy(instance));
+    CUDA_CHECK(cudaGraphDestroy(graph));
+  }
+}
+
+TEST_CASE("scale: the scores multiplied by another factor, checked as 1/sqrt(D) on 2Q") {
+  const attn::Shape shape{2, 3, 65, head_dims().front()};
+  const attn::Stream stream;
+  DeviceProblem problem(shape);
+  // softmax(s Q K^T) V with s = 2/sqrt(D) is the reference's softmax((2Q) K^T / sqrt(D)) V, and
+  // doubling an fp16 value is exact: the reference is computed on 2Q, the step runs on Q.
+  for (__half& value : problem.inputs.q) value = __float2half(2.0f * __half2float(value));
+  attn_launch_args call = launch_args_for(problem, stream.get());
+  call.scale = 2.0 / std::sqrt(double(shape.head_dim));
+  char message[1024] = "";
+  const int status = attn_launch(step.id, &call, message, sizeof message);
+  INFO("attn_launch: " << message);
+  REQUIRE(status == ATTN_OK);
+  CUDA_CHECK(cudaStreamSynchronize(stream.get()));
+  require_pass(problem.check());
+  for (double bad : {-1.0, std::nan("")}) {  // refused, nothing launched
+    call.scale = bad;
+    CHECK(attn_launch(step.id, &call, message, sizeof message) == ATTN_REFUSED);
+    CHECK(contains(message, "scale"));
+  }
+}
+
+TEST_CASE("what no step serves yet is refused by every step: cross-attention, a key-padding mask") {
+  const attn::Shape shape{1, 2, 65, head_dims().front()};
+  DeviceProblem problem(shape);
+  char message[1024] = "";
+  attn_launch_args call = launch_args_for(problem, nullptr);
+  call.kv_tokens = 64;
+  CHECK(attn_launch(step.id, &call, message, sizeof message) == ATTN_REFUSED);
+  CHECK(contains(message, "cross-attention"));
+  call.kv_tokens = 0;
+  call.key_padding_mask = problem.q.data();
+  CHECK(attn_launch(step.id, &call, message, sizeof message) == ATTN_REFUSED);
+  CHECK(contains(message, "key-padding mask"));
+  CUDA_CHECK(cudaDeviceSynchronize());
+  CHECK_FALSE(problem.check().passed);  // O untouched: still NaN
 }
 
 TEST_CASE("misuse is refused with status 2 and a reason, and nothing is launched") {

@@ -83,6 +83,22 @@ int main(void) {
                 ATTN_REFUSED, message, "larger than", "a batch past the int range is refused");
   expect_answer(attn_run("v0", NULL, NULL, NULL, NULL, 1, 1, 64, 48, NULL, message, sizeof message),
                 ATTN_REFUSED, message, "--head-dim 48", "attn_run refuses head dim 48 too");
+  expect_answer(attn_launch("v0", NULL, message, sizeof message), ATTN_REFUSED, message,
+                "args is NULL", "attn_launch refuses NULL arguments");
+  {
+    attn_launch_args call = {0};
+    call.batch = 1;
+    call.heads = 1;
+    call.tokens = 64;
+    call.head_dim = 64;
+    call.kv_tokens = 32;
+    expect_answer(attn_launch("v0", &call, message, sizeof message), ATTN_REFUSED, message,
+                  "cross-attention", "keys and values of another count are refused");
+    call.kv_tokens = 0;
+    call.scale = -1.0;
+    expect_answer(attn_launch("v0", &call, message, sizeof message), ATTN_REFUSED, message,
+                  "scale", "a negative scale is refused");
+  }
   {
     const attn_strides packed = {197 * 3 * 12 * 64, 64, 3 * 12 * 64};
     expect_answer(attn_run_strided("v0", NULL, NULL, NULL, NULL, 2, 12, 197, 64, &packed, NULL,
