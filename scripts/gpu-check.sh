@@ -24,6 +24,13 @@
 #   pytorch    PyTorch eager and SDPA backends beside steps v6-v8 (scripts/compare_pytorch.py, 5
 #              interleaved timing windows each) at N = 197,577,1025 and the two long shapes
 #                                                                         -> pytorch.csv, pytorch_info.txt
+#   torch      the PyTorch operator: `pip install --no-build-isolation ./python` into a folder of
+#              this run (built against the torch here, linking BUILD_DIR's library; the checkout's
+#              package gets the built operator too, for the vit stage), its GPU tests
+#              (tests/python/test_torch_op.py, test_torch_bridge.py --gpu), then
+#              scripts/torch_op_bench.py with TORCH_OP_ARGS: host time per call beside SDPA, a
+#              CUDA graph, graph breaks, vit_b_16 images/s eager and compiled
+#                                              -> torch_op.csv, torch_op_build.log, torch_op_tests.log
 #   vit        the PyTorch bridge's GPU tests (tests/python/test_torch_bridge.py --gpu), then
 #              whole torchvision ViTs with each step swapped in, through libattention_steps.so
 #              (scripts/vit_end_to_end.py), when torch and torchvision import; about 4 minutes,
@@ -38,7 +45,8 @@
 #   PLANTED_ONLY         the planted bugs to run, as plant_bugs.py --only takes them (default: all)
 #   LSE_STEPS            the steps the lse stage times (default: v6,v7,v8, those that write L)
 #   LSE_WINDOWS          its alternating windows (default 2)
-#   STAGES               default: info tests checked planted sanitizer bench lse profile pytorch vit
+#   STAGES               default: info tests checked planted sanitizer bench lse profile pytorch torch vit
+#   TORCH_OP_ARGS        more arguments for scripts/torch_op_bench.py (e.g. --sizes 224 --parts host)
 #   PYTHON               interpreter for profile, pytorch and vit (default: python3)
 #   VIT_ARGS             more arguments for scripts/vit_end_to_end.py (e.g. --quick)
 #   COMPUTE_SANITIZER    compute-sanitizer to use (default: PATH, then $CUDA_HOME/bin, /usr/local/cuda/bin)
@@ -88,7 +96,7 @@ LONG_SHAPE_BUDGET_S=${LONG_SHAPE_BUDGET_S:-25}
 TEST_JOBS=${TEST_JOBS:-4}
 TIME_LIMIT_S=${TIME_LIMIT_S:-540}
 
-all_stages=(info tests checked planted sanitizer bench lse profile pytorch vit)
+all_stages=(info tests checked planted sanitizer bench lse profile pytorch torch vit)
 IFS=', ' read -r -a stages <<< "${STAGES:-${all_stages[*]}}"  # "a,b" and "a b" both work
 for stage in "${stages[@]}"; do
   case " ${all_stages[*]} " in
@@ -529,6 +537,46 @@ stage_pytorch() {
   return "$rc"
 }
 
+stage_torch() {
+  if ! "$PYTHON" -c 'import torch, torchvision' 2>/dev/null; then
+    echo "skipped: torch and torchvision do not import with $PYTHON"
+    return "$kSkipped"
+  fi
+  if ! "$PYTHON" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
+    echo "skipped: torch $("$PYTHON" -c 'import torch; print(torch.__version__)') sees no CUDA device"
+    return "$kSkipped"
+  fi
+  [ -f "$BUILD_DIR/libattention_steps.so" ] || { echo "no $BUILD_DIR/libattention_steps.so (build the attention_steps target)"; return 1; }
+  local site="$OUTDIR/torch-site"
+  rm -rf "$site"
+  echo "## pip install --no-build-isolation ./python (into $site)"
+  local started=$(date +%s)
+  ATTENTION_STEPS_BUILD_DIR="$BUILD_DIR" timeout "$(limit 300)" "$PYTHON" -m pip install \
+    --no-build-isolation --no-deps --target "$site" ./python > "$OUTDIR/torch_op_build.log" 2>&1 ||
+    { tail -n 30 "$OUTDIR/torch_op_build.log"; echo "the operator did not build"; return 1; }
+  echo "built and installed in $(( $(date +%s) - started )) s"
+  cp "$site"/attention_steps/_operator*.so python/attention_steps/  # for the vit stage (git ignores it)
+  rm -rf python/build python/*.egg-info
+  echo
+  echo "## the operator's tests (tests/python/test_torch_op.py, test_torch_bridge.py --gpu)"
+  local rc=0
+  for test in test_torch_op.py "test_torch_bridge.py --gpu"; do
+    # shellcheck disable=SC2086  # the test's arguments
+    PYTHONPATH="$site" timeout "$(limit 240)" "$PYTHON" tests/python/$test \
+      >> "$OUTDIR/torch_op_tests.log" 2>&1 || { echo "$test FAILED"; rc=1; }
+  done
+  grep -E "^(Ran|OK|FAILED)|(ERROR|FAIL):" "$OUTDIR/torch_op_tests.log" || true
+  echo
+  echo "## scripts/torch_op_bench.py"
+  local extra=()
+  [ -n "${TORCH_OP_ARGS:-}" ] && read -r -a extra <<< "$TORCH_OP_ARGS"
+  local left=$(( deadline - $(date +%s) - 15 ))
+  PYTHONPATH="$site" timeout "$(limit 600)" "$PYTHON" scripts/torch_op_bench.py \
+    --csv "$OUTDIR/torch_op.csv" --budget-s "$(( left > 60 ? left - 60 : 0 ))" "${extra[@]}" || rc=1
+  rm -rf "$site"
+  return "$rc"
+}
+
 stage_vit() {
   if ! "$PYTHON" -c 'import torch, torchvision' 2>/dev/null; then
     echo "skipped: torch and torchvision do not import with $PYTHON"
@@ -567,11 +615,12 @@ stage_vit() {
 declare -A stage_file=(
   [info]=info.txt [tests]=tests.log [checked]=checked.log [planted]=planted.log
   [sanitizer]=sanitizer.log [bench]=bench.log [lse]=lse.log
-  [profile]=profile.log [pytorch]=pytorch.log [vit]=vit.log)
+  [profile]=profile.log [pytorch]=pytorch.log [torch]=torch.log [vit]=vit.log)
 declare -A stage_results=(
   [info]="" [tests]=tests_junit.xml [checked]="" [planted]="planted.csv planted.txt"
   [sanitizer]=sanitizer/ [bench]="bench_vit.csv bench_long.csv" [lse]=lse.csv
   [profile]="profile.csv profile/" [pytorch]="pytorch.csv pytorch_info.txt"
+  [torch]="torch_op.csv torch_op_tests.log torch_op_build.log"
   [vit]="vit_end_to_end.csv vit_end_to_end_kernels.csv vit_end_to_end_info.txt")
 
 summary=()

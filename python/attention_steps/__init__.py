@@ -1,19 +1,23 @@
 """The attention steps of this repository, from Python.
 
-Two layers:
+Three layers:
   - ctypes over libattention_steps.so (this module; the standard library only): list the steps,
     ask whether one serves a shape on the current GPU, run one on raw device pointers;
-  - PyTorch (attention_steps.torch_bridge, imported on first use, so torch is never needed to
-    import this package): attention(q, k, v, step) on CUDA fp16 tensors, and swap_attention()
-    which puts a step inside torchvision's ViT models.
+  - the PyTorch operator torch.ops.attention_steps.attention (attention_steps.torch_op; built by
+    `pip install --no-build-isolation ./python`), which torch.compile and CUDA graphs take;
+  - on top of it, imported on first use (torch is never needed to import this package):
+    attention(q, k, v, step) on CUDA fp16 tensors, swap_attention() which puts a step inside
+    torchvision's ViT models, and use_steps(), which makes F.scaled_dot_product_attention run
+    the fastest step that serves each call (PyTorch's own for the rest).
 
     import torch, torchvision, attention_steps
     q, k, v = (torch.randn(32, 12, 197, 64, device="cuda", dtype=torch.half) for _ in range(3))
     o = attention_steps.attention(q, k, v, step="v6")          # [B, H, N, D], like SDPA
     model = torchvision.models.vit_b_16().cuda().half().eval()
-    attention_steps.swap_attention(model, step="v6")            # every encoder block
+    attention_steps.swap_attention(model, step="v8")            # every encoder block
     with torch.inference_mode():
         logits = model(torch.randn(32, 3, 224, 224, device="cuda", dtype=torch.half))
+    attention_steps.use_steps()   # timm's, Hugging Face's ViTs: F.scaled_dot_product_attention
 
 The library is found as attention_steps._capi says: load_library(path), the environment
 variable ATTENTION_STEPS_LIBRARY, <checkout>/build/libattention_steps.so, the system loader.
@@ -22,8 +26,10 @@ from ._capi import (ABI_VERSION, CUDA_ERROR, ENVIRONMENT_VARIABLE, OK, REFUSED,
                     AttentionStepsError, CudaError, DeviceInfo, Library, LibraryNotFoundError,
                     StepInfo, StepRefused, load_library)
 
-_TORCH_NAMES = ("attention", "swap_attention", "restore_attention", "StepSelfAttention",
-                "swappable_blocks")
+# name -> the submodule that holds it, imported on first use because it imports torch.
+_TORCH_NAMES = {name: "torch_bridge" for name in (
+    "attention", "swap_attention", "restore_attention", "StepSelfAttention", "swappable_blocks")}
+_TORCH_NAMES.update({name: "sdpa" for name in ("scaled_dot_product_attention", "use_steps")})
 
 __all__ = ["ABI_VERSION", "OK", "REFUSED", "CUDA_ERROR", "ENVIRONMENT_VARIABLE",
            "AttentionStepsError", "CudaError", "StepRefused", "LibraryNotFoundError",
@@ -68,13 +74,14 @@ def workspace_bytes(step, shape, library=None):
 
 
 def __getattr__(name):
-    # The torch layer on first use: `import attention_steps` works where torch is absent.
+    # The torch layers on first use: `import attention_steps` works where torch is absent.
     if name in _TORCH_NAMES:
+        import importlib
         try:
-            from . import torch_bridge
+            module = importlib.import_module(f"{__name__}.{_TORCH_NAMES[name]}")
         except ImportError as error:
             raise ImportError(
                 f"attention_steps.{name} needs PyTorch ({error}); the ctypes layer "
                 "(list_steps, check, Library.run) works without it") from error
-        return getattr(torch_bridge, name)
+        return getattr(module, name)
     raise AttributeError(f"module 'attention_steps' has no attribute '{name}'")

@@ -7,8 +7,10 @@ attention_steps.torch_bridge).
 Where the library is found:
   1. the path given to load_library(path) (a file, or a folder holding libattention_steps.so);
   2. else the environment variable ATTENTION_STEPS_LIBRARY (a file or a folder);
-  3. else the build folder of this checkout, <repository>/build/libattention_steps.so, then the
-     system's loader (LD_LIBRARY_PATH, ldconfig).
+  3. else the copy `pip install ./python` puts beside this module (the one the operator
+     attention_steps._operator links), then the build folder of this checkout,
+     <repository>/build/libattention_steps.so, then the system's loader (LD_LIBRARY_PATH,
+     ldconfig).
 A path given in 1 or 2 is the only place looked at: if it holds no library, that is an error,
 not a reason to load another one.
 """
@@ -27,7 +29,8 @@ OK, REFUSED, CUDA_ERROR = 0, 2, 3
 MAX_HEAD_DIMS = 8        # ATTN_MAX_HEAD_DIMS
 MESSAGE_BYTES = 1024
 
-REPOSITORY = pathlib.Path(__file__).resolve().parents[2]
+PACKAGE = pathlib.Path(__file__).resolve().parent
+REPOSITORY = PACKAGE.parents[1]
 
 
 class AttentionStepsError(RuntimeError):
@@ -133,7 +136,8 @@ def _candidates(path):
         return [expand(path, "given")]
     if os.environ.get(ENVIRONMENT_VARIABLE):
         return [expand(os.environ[ENVIRONMENT_VARIABLE], ENVIRONMENT_VARIABLE)]
-    return [(REPOSITORY / "build" / LIBRARY_NAME, "this checkout's build folder"),
+    return [(PACKAGE / LIBRARY_NAME, "the copy pip installed beside this module"),
+            (REPOSITORY / "build" / LIBRARY_NAME, "this checkout's build folder"),
             (LIBRARY_NAME, "the system loader")]
 
 

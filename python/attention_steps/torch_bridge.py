@@ -1,8 +1,10 @@
 """The steps on PyTorch tensors, and inside torchvision's Vision Transformers.
 
-attention(q, k, v, step) runs a step on CUDA fp16 tensors [B, H, N, D] (contiguous), on the
-current stream of their device, into a fresh tensor: O = softmax(Q K^T / sqrt(D)) V, what
-torch.nn.functional.scaled_dot_product_attention(q, k, v) computes.
+attention(q, k, v, step) runs a step on CUDA fp16 tensors [B, H, N, D] through the operator
+torch.ops.attention_steps.attention (attention_steps.torch_op), on the current stream of their
+device, into a fresh tensor: O = softmax(Q K^T / sqrt(D)) V, what
+torch.nn.functional.scaled_dot_product_attention(q, k, v) computes. It works under
+torch.compile (fullgraph) and inside CUDA graphs.
 
 swap_attention(model, step) replaces the self-attention of every encoder block of a
 torchvision VisionTransformer (vit_b_16, vit_b_32, vit_l_16, vit_h_14, any image size) with
@@ -10,92 +12,33 @@ StepSelfAttention: the block's own in-projection weights, the step's kernel on [
 and the block's own out-projection, so the model computes what it computed before.
 restore_attention(model) puts the original modules back.
 
-There is no backward: run under torch.inference_mode() or torch.no_grad().
+There is no backward yet: a forward on inputs that require grad saves O and L, and backward
+raises NotImplementedError saying so.
 """
+import contextlib
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import torch_op
 from ._capi import StepRefused, load_library
 
 RECORD_PREFIX = "attention_steps::"  # profiler ranges around each kernel call: attention_steps::v6
 
 
-def _check_inputs(q, k, v, views=False):
-    """Raises for tensors a step cannot take. With views=True (a step that takes strides),
-    q, k and v may be views with one set of strides whose rows of D values are contiguous."""
-    for name, tensor in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(tensor, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, not {type(tensor).__name__}")
-    for name, tensor in (("q", q), ("k", k), ("v", v)):
-        if tensor.dim() != 4:
-            raise ValueError(f"{name} must have 4 dimensions [B, H, N, D]; it has shape "
-                             f"{tuple(tensor.shape)}")
-    if not q.shape == k.shape == v.shape:
-        raise ValueError("q, k and v must have the same shape [B, H, N, D]; got "
-                         f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
-    for name, tensor in (("q", q), ("k", k), ("v", v)):
-        if tensor.dtype != torch.float16:
-            raise TypeError(f"{name} is {tensor.dtype}; the steps take torch.float16 only "
-                            "(call .half())")
-    for name, tensor in (("q", q), ("k", k), ("v", v)):
-        if views:
-            if tensor.stride(-1) != 1 or tensor.stride()[:3] != q.stride()[:3]:
-                raise ValueError(f"{name} (strides {tensor.stride()}): the step takes views whose "
-                                 "rows of D values are contiguous, one set of strides for q, k "
-                                 "and v")
-        elif not tensor.is_contiguous():
-            raise ValueError(f"{name} is not contiguous (strides {tensor.stride()} for shape "
-                             f"{tuple(tensor.shape)}); the steps read [B, H, N, D] row-major: "
-                             "call .contiguous()")
-    for name, tensor in (("q", q), ("k", k), ("v", v)):
-        if tensor.device.type != "cuda":
-            raise ValueError(f"{name} is on {tensor.device}; the steps run on CUDA tensors")
-    if not q.device == k.device == v.device:
-        raise ValueError(f"q, k and v must be on one device; got {q.device}, {k.device}, "
-                         f"{v.device}")
-    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
-        raise RuntimeError("the steps have no backward: run under torch.inference_mode() or "
-                           "torch.no_grad(), or detach the inputs")
-
-
-def attention(q, k, v, step="v6", *, out=None, library=None):
-    """O = softmax(Q K^T / sqrt(D)) V by step `step`, for CUDA fp16 [B, H, N, D] tensors q, k, v
-    of one shape; O is `out` or a new tensor like q. Contiguous tensors for every step; views
-    (rows of D contiguous, one set of strides for q, k and v; `out` a view too) for a step that
-    takes strides (v7, v8), read and written in place without a copy. Queued on the current
-    stream of their device; raises StepRefused (with the library's reason) for a shape the step
-    does not serve on this GPU, CudaError for a CUDA failure, TypeError/ValueError for bad
-    tensors."""
-    library = library or load_library()
-    info = library.step(step)
-    _check_inputs(q, k, v, views=info.takes_strides)
-    if out is None:
-        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    elif (out.shape != q.shape or out.dtype != q.dtype or out.device != q.device or
-          (not out.is_contiguous() and not (info.takes_strides and out.stride(-1) == 1))):
-        raise ValueError(f"out must be a {tuple(q.shape)} {q.dtype} tensor on {q.device}, "
-                         f"contiguous{' or a view with rows of D contiguous' if info.takes_strides else ''}")
-    strided = not (q.is_contiguous() and k.is_contiguous() and v.is_contiguous() and
-                   out.is_contiguous())
-    with torch.cuda.device(q.device):  # the library runs on the current device
-        stream = torch.cuda.current_stream(q.device).cuda_stream
-        pointers = (q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr())
-        if strided:
-            library.run(step, *pointers, tuple(q.shape), stream, qkv_strides=q.stride()[:3],
-                        o_strides=out.stride()[:3])
-            return out
-        workspace_bytes = 0
-        if info.uses_workspace:
-            workspace_bytes = library.workspace_bytes(step, tuple(q.shape))
-        if workspace_bytes > 0:
-            # From torch's caching allocator: stream-ordered like the tensors themselves.
-            workspace = torch.empty(workspace_bytes, dtype=torch.uint8, device=q.device)
-            library.run(step, *pointers, tuple(q.shape), stream, workspace.data_ptr(),
-                        workspace_bytes)
-        else:
-            library.run(step, *pointers, tuple(q.shape), stream)
-    return out
+def attention(q, k, v, step="v6", *, scale=None):
+    """O = softmax(scale Q K^T) V by step `step` (scale None: 1/sqrt(D)), for CUDA fp16
+    [B, H, N, D] tensors q, k, v of one shape. Any strides: a step that takes views (v7, v8)
+    reads q, k and v in place when they share strides with rows of D contiguous (slices of one
+    packed projection) and returns O as a view of [B, N, H, D] memory; other steps get
+    contiguous copies. Queued on the current stream of their device. Raises ValueError for a
+    shape the step does not serve on this GPU (with the library's reason) and for bad tensors,
+    TypeError for a dtype other than float16, RuntimeError for a CUDA failure."""
+    # L only where autograd will keep it for a backward: it costs the forward 1-12% (chapter 07).
+    needs_grad = torch.is_grad_enabled() and any(
+        getattr(tensor, "requires_grad", False) for tensor in (q, k, v))
+    return torch_op.load()(q, k, v, step, scale, None, needs_grad)[0]
 
 
 class StepSelfAttention(nn.Module):
@@ -133,10 +76,16 @@ class StepSelfAttention(nn.Module):
         self.embed_dim, self.num_heads, self.head_dim = mha.embed_dim, mha.num_heads, mha.head_dim
         self.dropout = mha.dropout
         self.batch_first = True
-        self.step = step
-        self.attention_fn = attention_fn
-        self.library = library
         self._original = (mha,)  # a tuple: kept out of the module tree and the state_dict
+        self.use(step, attention_fn, library)
+
+    def use(self, step, attention_fn=None, library=None):
+        """Runs `step` (or attention_fn) from now on. What the forward needs to know of the step
+        is read here, once: the forward makes no library call but the operator's, so
+        torch.compile traces it whole."""
+        self.step, self.attention_fn = step, attention_fn
+        self.takes_strides = attention_fn is None and \
+            (library or load_library()).step(step).takes_strides
 
     def extra_repr(self):
         kernel = getattr(self.attention_fn, "__name__", "attention_fn") if self.attention_fn \
@@ -162,21 +111,19 @@ class StepSelfAttention(nn.Module):
             raise ValueError(f"input has embedding {embed}; this block has {self.embed_dim}")
         qkv = F.linear(query, self.in_proj_weight, self.in_proj_bias)
         qkv = qkv.view(batch, tokens, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
-        if self.attention_fn is None and (self.library or load_library()).step(self.step).takes_strides:
-            # No layout copies: the step reads q, k, v as views of the projection [B, N, 3, H, D]
-            # and writes O as [B, N, H, D], which is the out-projection's input [B, N, E].
-            o = torch.empty(batch, tokens, self.num_heads, self.head_dim, dtype=qkv.dtype,
-                            device=qkv.device)
-            with torch.profiler.record_function(RECORD_PREFIX + self.step):
-                attention(qkv[0], qkv[1], qkv[2], step=self.step, out=o.transpose(1, 2),
-                          library=self.library)
-            return self.out_proj(o.view(batch, tokens, embed)), None
-        qkv = qkv.contiguous()  # [3, B, H, N, D]: q, k, v contiguous
+        if not self.takes_strides:
+            qkv = qkv.contiguous()  # [3, B, H, N, D]: one copy for q, k and v together
+        # A step that takes views reads q, k, v as views of the projection [B, N, 3, H, D] and
+        # writes O into [B, N, H, D] memory: the transpose below is then the out-projection's
+        # input [B, N, E] with no copy.
         if self.attention_fn is not None:
             o = self.attention_fn(qkv[0], qkv[1], qkv[2])
         else:
-            with torch.profiler.record_function(RECORD_PREFIX + self.step):
-                o = attention(qkv[0], qkv[1], qkv[2], step=self.step, library=self.library)
+            # A profiler range per call (scripts/vit_end_to_end.py finds the kernels by it); not
+            # while torch.compile traces, where it would be one more thing to trace.
+            with (contextlib.nullcontext() if torch.compiler.is_compiling() else
+                  torch.profiler.record_function(RECORD_PREFIX + self.step)):
+                o = attention(qkv[0], qkv[1], qkv[2], step=self.step)
         o = o.transpose(1, 2).reshape(batch, tokens, embed)
         return self.out_proj(o), None
 
@@ -213,7 +160,7 @@ def swap_attention(model, step="v6", *, attention_fn=None, library=None):
     for parent, name in blocks:
         current = getattr(parent, name)
         if isinstance(current, StepSelfAttention):
-            current.step, current.attention_fn, current.library = step, attention_fn, library
+            current.use(step, attention_fn, library)
         else:
             setattr(parent, name, StepSelfAttention(current, step, attention_fn, library))
     return len(blocks)

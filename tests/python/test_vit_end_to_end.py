@@ -48,8 +48,10 @@ class WallClockEvent:
 
 
 def info(step_id, head_dims=(32, 64, 80, 128), baseline=False, capability=(75, 0)):
-    return attention_steps.StepInfo(step_id, f"fake {step_id}", baseline, tuple(head_dims),
-                                    capability[0], capability[1], False, baseline, False)
+    return attention_steps.StepInfo(
+        step_id, f"fake {step_id}", baseline, tuple(head_dims), capability[0], capability[1],
+        uses_shared_memory=False, uses_workspace=baseline, takes_strides=False,
+        writes_log_sum_exp=False)
 
 
 class FakeLibrary:

@@ -1,0 +1,114 @@
+"""scaled_dot_product_attention with the steps inside, for models that call PyTorch's.
+
+    import attention_steps
+    attention_steps.use_steps()   # F.scaled_dot_product_attention now runs the steps
+    model = timm.create_model("vit_base_patch16_224").cuda().half().eval()
+
+scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
+scale=None, enable_gqa=False) takes PyTorch's arguments and returns what PyTorch's returns. It
+runs the fastest step that serves the call on the tensors' GPU (v8 on an H100, v6 elsewhere:
+chapters 07 and 10) and hands every other call to PyTorch's own function: masks, causal
+attention, dropout, grouped-query attention, dtypes other than float16, CPU tensors, head dims
+or token counts no step serves, keys of another length than the queries, and calls that need a
+gradient (no step has a backward yet). use_steps(verbose=True) says once per reason when that
+happens; never while torch.compile traces, where printing would break the graph.
+
+What serves which call is decided here, in plain Python over a table made when the module is
+first used (the library's answers for every visible GPU), so torch.compile traces the decision
+and the operator with no graph break.
+"""
+import torch
+import torch.nn.functional as F
+
+from . import torch_op
+from ._capi import load_library
+
+# The steps in the order they are preferred where several serve: fastest first (measured on the
+# H100 in chapter 10; v6 is the one that runs on every GPU from sm_80).
+PREFERENCE = ("v8", "v7", "v6")
+
+_pytorch_sdpa = F.scaled_dot_product_attention  # PyTorch's own, whatever use_steps does later
+_plans = {}          # device index -> {head_dim: (step, largest N or None for any)}
+_said = set()        # the fallback reasons already printed
+_settings = {"verbose": False}
+
+
+def plan_for(device_index):
+    """{head_dim: (step, max_tokens)} for the GPU `device_index`: the first step of PREFERENCE
+    that runs there at each head dim, with the largest N it serves (None: any)."""
+    if device_index not in _plans:
+        library = load_library()
+        plan = {}
+        with torch.cuda.device(device_index):
+            for step in PREFERENCE:
+                info = next((s for s in library.steps() if s.id == step), None)
+                if info is None:
+                    continue
+                for head_dim in info.head_dims:
+                    if head_dim in plan or library.refusal(step, (1, 1, 1, head_dim)):
+                        continue
+                    plan[head_dim] = (step, library.max_tokens(step, head_dim))
+        _plans[device_index] = plan
+    return _plans[device_index]
+
+
+def _why_not(query, key, value, attn_mask, dropout_p, is_causal):
+    """(step, None) when a step serves the call, else (None, the reason in a few words)."""
+    tensors = (query, key, value)
+    if not all(isinstance(t, torch.Tensor) for t in tensors):
+        return None, "arguments that are not tensors"
+    if attn_mask is not None:
+        return None, "an attention mask"
+    if is_causal:
+        return None, "causal attention"
+    if dropout_p != 0.0:
+        return None, "attention dropout"
+    if any(t.dtype != torch.float16 for t in tensors):
+        return None, f"dtype {query.dtype} (the steps take float16)"
+    if any(t.device.type != "cuda" for t in tensors) or not (
+            query.device == key.device == value.device):
+        return None, "tensors not all on one CUDA device"
+    if query.dim() != 4 or key.dim() != 4 or value.dim() != 4:
+        return None, f"{query.dim()}-D tensors (the steps take [B, H, N, D])"
+    if not query.shape == key.shape == value.shape:  # grouped-query attention among them
+        return None, "keys and values of another shape than the queries"
+    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+        return None, "a call that needs a gradient (no step has a backward yet)"
+    device_index = query.device.index
+    if device_index not in _plans and torch.compiler.is_compiling():
+        return None, "a GPU first seen while torch.compile traced (call plan_for(device) first)"
+    served = plan_for(device_index).get(query.shape[-1])
+    if served is None:
+        return None, f"head dim {query.shape[-1]}"
+    step, max_tokens = served
+    if max_tokens is not None and query.shape[-2] > max_tokens:
+        return None, f"{query.shape[-2]} tokens (more than {step} serves at this head dim)"
+    return step, None
+
+
+def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0,
+                                 is_causal=False, scale=None, enable_gqa=False):
+    """torch.nn.functional.scaled_dot_product_attention, by a step where one serves the call
+    (see the module's docstring), by PyTorch's otherwise."""
+    step, reason = _why_not(query, key, value, attn_mask, dropout_p, is_causal)
+    if step is not None:
+        return torch_op.load()(query, key, value, step, scale, None, False)[0]
+    if _settings["verbose"] and reason not in _said and not torch.compiler.is_compiling():
+        _said.add(reason)
+        print(f"attention_steps: PyTorch's scaled_dot_product_attention runs calls with {reason}")
+    return _pytorch_sdpa(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
+                         is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
+
+
+def use_steps(enable=True, *, verbose=False):
+    """Puts scaled_dot_product_attention in place of torch.nn.functional's (enable=False puts
+    PyTorch's back), so models that call F.scaled_dot_product_attention run the steps. Loads the
+    operator and makes the table of every visible GPU now, before any torch.compile."""
+    _settings["verbose"] = verbose
+    if not enable:
+        F.scaled_dot_product_attention = _pytorch_sdpa
+        return
+    torch_op.load()
+    for device_index in range(torch.cuda.device_count()):
+        plan_for(device_index)
+    F.scaled_dot_product_attention = scaled_dot_product_attention

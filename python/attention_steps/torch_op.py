@@ -1,0 +1,60 @@
+"""torch.ops.attention_steps.attention, the steps as a PyTorch operator, and what torch.compile
+needs to trace it.
+
+The operator itself is C++ (csrc/operator.cpp), built by `pip install --no-build-isolation
+./python` against the installed torch and linked to libattention_steps.so:
+
+    attention(Tensor q, Tensor k, Tensor v, str step, float? scale=None,
+              Tensor? key_padding_mask=None, bool return_log_sum_exp=False) -> (Tensor, Tensor)
+
+returns O (fp16 [B, H, N, D]; for a step that takes views, a view of [B, N, H, D] memory) and L
+(fp32 [B, H, N], each row's log-sum-exp, when return_log_sum_exp; an empty tensor otherwise).
+This module loads it and registers its fake implementation: the shapes and strides of O and L
+from the shapes of q, k and v alone, so torch.compile traces the operator without running it
+(also with dynamic shapes), and without a graph break.
+"""
+import functools
+
+import torch
+
+from ._capi import load_library
+
+BUILD_COMMAND = "pip install --no-build-isolation ./python (after CMake built the library)"
+
+
+@functools.lru_cache(maxsize=None)
+def _takes_strides(step):
+    return load_library().step(step).takes_strides
+
+
+def _fake_attention(q, k, v, step, scale=None, key_padding_mask=None, return_log_sum_exp=False):
+    # The same outputs as the CUDA implementation, for fake (and symbolic) shapes.
+    batch, heads, tokens, head_dim = q.shape
+    if _takes_strides(step):
+        o = q.new_empty((batch, tokens, heads, head_dim)).transpose(1, 2)
+    else:
+        o = q.new_empty((batch, heads, tokens, head_dim))
+    rows = (batch, heads, tokens) if return_log_sum_exp else (0,)
+    return o, q.new_empty(rows, dtype=torch.float32)
+
+
+@functools.lru_cache(maxsize=None)
+def load():
+    """Loads the operator (once) and returns torch.ops.attention_steps.attention; ImportError
+    that says how to build it when it was not."""
+    try:
+        from . import _operator  # noqa: F401  (loading the library registers the operator)
+    except ImportError as error:
+        raise ImportError(f"the attention_steps operator is not built here ({error}): "
+                          f"{BUILD_COMMAND}") from error
+    torch.library.register_fake("attention_steps::attention")(_fake_attention)
+    return torch.ops.attention_steps.attention
+
+
+def available():
+    """Whether the operator is built and loads."""
+    try:
+        load()
+    except ImportError:
+        return False
+    return True

@@ -1,0 +1,308 @@
+#!/usr/bin/env python3
+"""torch.ops.attention_steps.attention on a GPU, as PyTorch uses an operator.
+
+  - every step that serves the shape, on contiguous tensors and on slices of one packed
+    projection, at tail shapes (N = 1, 65, 130), against SDPA in fp32 with the tolerances of
+    common/check.hpp; L against log-sum-exp in fp64; another scale;
+  - torch.library.opcheck (schema, fake tensor, autograd registration, AOT dispatch with
+    dynamic shapes) at a tail shape and on packed views;
+  - a CUDA graph capture of the operator, replayed on new inputs;
+  - torch.compile(fullgraph=True), with static and with dynamic shapes, and no graph break
+    in a torchvision ViT with a step swapped in;
+  - the SDPA-compatible entry point: a small model that calls F.scaled_dot_product_attention
+    runs the steps after use_steps(), and what no step serves (a mask, a gradient) goes to
+    PyTorch's, said once when asked;
+  - the clear errors: backward, cross-attention, a key-padding mask, a dtype.
+
+Needs the operator built (pip install --no-build-isolation ./python) and a CUDA device; exit 77
+(ctest: skipped) without torch, a GPU, or the operator, saying which.
+"""
+import contextlib
+import io
+import sys
+import unittest
+
+try:
+    import torch
+    import torch.nn.functional as F
+    import torchvision
+except ImportError as error:
+    print(f"SKIPPED: {error}; the operator tests did not run")
+    sys.exit(77)
+if not torch.cuda.is_available():
+    print(f"SKIPPED: torch {torch.__version__} sees no CUDA device; the operator tests did not run")
+    sys.exit(77)
+
+import attention_steps as steps  # noqa: E402
+from attention_steps import sdpa, torch_op  # noqa: E402
+
+try:
+    attention_op = torch_op.load()
+except ImportError as error:
+    print(f"SKIPPED: {error}")
+    sys.exit(77)
+
+UNIT_ROUNDOFF = 2.0 ** -11  # common/check.hpp: fp16; both tolerances are 4u, L's too
+
+
+def served_steps(head_dim=None):
+    """(step id, head dim) for every step that runs on this GPU at N = 1."""
+    found = []
+    for info in steps.list_steps():
+        for dim in info.head_dims:
+            if (head_dim is None or dim == head_dim) and \
+                    steps.refusal(info.id, (1, 1, 1, dim)) is None:
+                found.append((info.id, dim))
+    return found
+
+
+def fastest(head_dim=64):
+    """The step the SDPA entry point picks at this head dim here (v8 on an H100, v6 elsewhere)."""
+    return next(s for s in sdpa.PREFERENCE if (s, head_dim) in served_steps(head_dim))
+
+
+def packed_qkv(batch, heads, tokens, head_dim):
+    """q, k, v as views of one projection [B, N, 3, H, D], as a ViT block makes them."""
+    qkv = torch.randn(batch, tokens, 3, heads, head_dim, device="cuda", dtype=torch.half)
+    return qkv.permute(2, 0, 3, 1, 4).unbind(0)
+
+
+class Checks(unittest.TestCase):
+    def assert_close_to_sdpa(self, q, k, v, out, scale=None):
+        reference = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), scale=scale)
+        error = out.float() - reference
+        self.assertTrue(torch.isfinite(out).all())
+        self.assertLessEqual((error.norm() / reference.norm()).item(), 4 * UNIT_ROUNDOFF)
+        self.assertLessEqual(error.abs().max().item(), 4 * UNIT_ROUNDOFF * v.abs().max().item())
+
+    def assert_log_sum_exp(self, q, k, rows, scale=None):
+        scale = q.shape[-1] ** -0.5 if scale is None else scale
+        expected = torch.logsumexp(scale * (q.double() @ k.double().transpose(-1, -2)), dim=-1)
+        self.assertEqual(rows.dtype, torch.float32)
+        self.assertEqual(tuple(rows.shape), tuple(q.shape[:3]))
+        self.assertLessEqual((rows.double() - expected).abs().max().item(), 4 * UNIT_ROUNDOFF)
+
+
+class EveryStep(Checks):
+    def test_contiguous_and_views_at_tail_shapes(self):
+        torch.manual_seed(1)
+        ran = 0
+        for step, head_dim in served_steps():
+            takes_strides = steps.load_library().step(step).takes_strides
+            for tokens in (1, 65, 130):
+                for layout in ("contiguous", "packed views"):
+                    with self.subTest(step=step, head_dim=head_dim, tokens=tokens, layout=layout):
+                        if layout == "contiguous":
+                            q, k, v = (torch.randn(2, 3, tokens, head_dim, device="cuda",
+                                                   dtype=torch.half) for _ in range(3))
+                        else:
+                            q, k, v = packed_qkv(2, 3, tokens, head_dim)
+                        out, rows = attention_op(q, k, v, step)
+                        self.assertEqual(rows.numel(), 0)  # L only when asked
+                        self.assert_close_to_sdpa(q, k, v, out)
+                        # A step that takes views writes O into [B, N, H, D] memory.
+                        self.assertEqual(out.transpose(1, 2).is_contiguous(), takes_strides)
+                        ran += 1
+        self.assertGreater(ran, 0)
+
+    def test_log_sum_exp_and_scale(self):
+        torch.manual_seed(2)
+        writers = [(s, d) for s, d in served_steps()
+                   if steps.load_library().step(s).writes_log_sum_exp]
+        self.assertTrue(writers, "no step that writes L runs here")
+        for step, head_dim in writers:
+            for scale in (None, 0.3):
+                with self.subTest(step=step, head_dim=head_dim, scale=scale):
+                    q, k, v = packed_qkv(2, 3, 65, head_dim)
+                    out, rows = attention_op(q, k, v, step, scale, None, True)
+                    self.assert_close_to_sdpa(q, k, v, out, scale)
+                    self.assert_log_sum_exp(q, k, rows, scale)
+
+
+class AsAnOperator(Checks):
+    def test_opcheck(self):
+        step, head_dim = fastest(64), 64
+        for layout in ("contiguous", "packed views"):
+            for with_rows in (False, True):
+                with self.subTest(step=step, layout=layout, log_sum_exp=with_rows):
+                    if layout == "contiguous":
+                        q, k, v = (torch.randn(2, 3, 65, head_dim, device="cuda",
+                                               dtype=torch.half) for _ in range(3))
+                    else:
+                        q, k, v = packed_qkv(2, 3, 65, head_dim)
+                    torch.library.opcheck(attention_op.default, (q, k, v, step, None, None,
+                                                                 with_rows))
+
+    def test_cuda_graph_capture_and_replay(self):
+        for step, _ in served_steps(64):
+            with self.subTest(step=step):
+                q, k, v = packed_qkv(2, 3, 65, 64)
+                side = torch.cuda.Stream()  # warm-up off the capture stream, as torch asks
+                side.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(side):
+                    steps.attention(q, k, v, step=step)
+                torch.cuda.current_stream().wait_stream(side)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph):
+                    out = steps.attention(q, k, v, step=step)
+                for seed in (3, 4):  # new inputs into the captured tensors, then replay
+                    torch.manual_seed(seed)
+                    for tensor in (q, k, v):
+                        tensor.copy_(torch.randn_like(tensor))
+                    graph.replay()
+                    torch.cuda.synchronize()
+                    self.assert_close_to_sdpa(q, k, v, out)
+
+    def test_compile_fullgraph_static_and_dynamic(self):
+        step = fastest(64)
+
+        def block(x, weight):
+            batch, tokens, _ = x.shape
+            q, k, v = (x @ weight).view(batch, tokens, 3, 2, 64).permute(2, 0, 3, 1, 4)
+            return steps.attention(q, k, v, step=step).transpose(1, 2).reshape(batch, tokens, 128)
+
+        weight = torch.randn(128, 384, device="cuda", dtype=torch.half) / 12
+        for dynamic in (False, True):
+            torch._dynamo.reset()
+            compiled = torch.compile(block, fullgraph=True, dynamic=dynamic)
+            with torch.inference_mode():
+                for tokens in (65, 130):
+                    with self.subTest(dynamic=dynamic, tokens=tokens):
+                        x = torch.randn(2, tokens, 128, device="cuda", dtype=torch.half)
+                        torch.testing.assert_close(compiled(x, weight), block(x, weight),
+                                                   rtol=0, atol=0)
+
+    def test_swapped_vit_has_no_graph_break(self):
+        step = fastest(64)
+        model = torchvision.models.vit_b_16(image_size=64).cuda().half().eval()
+        steps.swap_attention(model, step=step)
+        images = torch.randn(2, 3, 64, 64, device="cuda", dtype=torch.half)
+        torch._dynamo.reset()
+        with torch.inference_mode():
+            explained = torch._dynamo.explain(model)(images)
+        self.assertEqual(explained.graph_break_count, 0, explained.break_reasons)
+        self.assertEqual(explained.graph_count, 1)
+
+
+class TinyVit(torch.nn.Module):
+    """A ViT block written the way timm's and Hugging Face's are: it calls
+    F.scaled_dot_product_attention itself."""
+
+    def __init__(self, dim=256, heads=4):
+        super().__init__()
+        self.heads = heads
+        self.norm = torch.nn.LayerNorm(dim)
+        self.qkv = torch.nn.Linear(dim, 3 * dim)
+        self.proj = torch.nn.Linear(dim, dim)
+
+    def forward(self, x, mask=None):
+        batch, tokens, dim = x.shape
+        q, k, v = self.qkv(self.norm(x)).view(batch, tokens, 3, self.heads, dim // self.heads) \
+            .permute(2, 0, 3, 1, 4).unbind(0)
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        return x + self.proj(o.transpose(1, 2).reshape(batch, tokens, dim))
+
+
+class SdpaEntryPoint(Checks):
+    def setUp(self):
+        torch.manual_seed(5)
+        self.model = TinyVit().cuda().half().eval()
+        self.x = torch.randn(2, 197, 256, device="cuda", dtype=torch.half)
+
+    def tearDown(self):
+        steps.use_steps(False)
+
+    def ran_steps(self, *args):
+        """Whether the model's forward called the operator (the profiler's record of it)."""
+        from torch.profiler import ProfilerActivity, profile
+        with profile(activities=[ProfilerActivity.CPU]) as recorded:
+            self.model(*args)
+        return any(e.name == "attention_steps::attention" for e in recorded.events())
+
+    def test_one_line_swaps_a_model_that_calls_sdpa(self):
+        with torch.inference_mode():
+            stock = self.model(self.x)
+            self.assertFalse(self.ran_steps(self.x))
+            steps.use_steps()
+            self.assertIs(F.scaled_dot_product_attention, steps.scaled_dot_product_attention)
+            swapped = self.model(self.x)
+            self.assertTrue(self.ran_steps(self.x))
+            steps.use_steps(False)
+            self.assertFalse(self.ran_steps(self.x))
+        torch.testing.assert_close(swapped, stock, rtol=2e-3, atol=2e-3)
+
+    def test_what_no_step_serves_falls_back_and_says_so_once(self):
+        mask = torch.rand(197, 197, device="cuda") > 0.1
+        steps.use_steps(verbose=True)
+        sdpa._said.clear()
+        said = io.StringIO()
+        with torch.inference_mode(), contextlib.redirect_stdout(said):
+            self.assertFalse(self.ran_steps(self.x, mask))
+            self.model(self.x, mask)
+            fallback = self.model(self.x, mask)
+        self.assertEqual(said.getvalue().count("an attention mask"), 1, said.getvalue())
+        steps.use_steps(False)
+        with torch.inference_mode():
+            torch.testing.assert_close(fallback, self.model(self.x, mask), rtol=0, atol=0)
+
+    def test_a_gradient_goes_to_pytorch(self):
+        steps.use_steps()
+        x = self.x.clone().requires_grad_()
+        self.model(x).float().sum().backward()  # PyTorch's SDPA has the backward
+        self.assertTrue(torch.isfinite(x.grad).all())
+
+    def test_compiled_model_calls_the_operator(self):
+        steps.use_steps()
+        torch._dynamo.reset()
+        with torch.inference_mode():
+            explained = torch._dynamo.explain(self.model)(self.x)
+        self.assertEqual(explained.graph_break_count, 0, explained.break_reasons)
+        targets = [str(node.target) for graph in explained.graphs for node in graph.graph.nodes]
+        self.assertTrue(any("attention_steps.attention" in t for t in targets), targets)
+
+
+class ClearErrors(unittest.TestCase):
+    def test_backward_raises_one_clear_line(self):
+        q, k, v = (torch.randn(1, 2, 65, 64, device="cuda", dtype=torch.half, requires_grad=True)
+                   for _ in range(3))
+        out = steps.attention(q, k, v, step="v6")
+        self.assertTrue(out.requires_grad)
+        with self.assertRaisesRegex(NotImplementedError, "no backward yet"):
+            out.float().sum().backward()
+
+    def test_what_no_step_serves_yet(self):
+        q = torch.randn(1, 2, 65, 64, device="cuda", dtype=torch.half)
+        kv = torch.randn(1, 2, 64, 64, device="cuda", dtype=torch.half)
+        with self.assertRaisesRegex(ValueError, "cross-attention"):
+            attention_op(q, kv, kv, "v6")
+        mask = torch.ones(1, 65, device="cuda", dtype=torch.bool)
+        with self.assertRaisesRegex(ValueError, "key-padding mask"):
+            attention_op(q, q, q, "v6", None, mask)
+
+    def test_tensor_checks(self):
+        q = torch.randn(1, 2, 65, 64, device="cuda", dtype=torch.half)
+        for tensor, error, pattern in (
+                (q.bfloat16(), TypeError, "BFloat16.*float16"),
+                (q.cpu(), ValueError, "on cpu; the steps run on CUDA tensors"),
+                (q[0], ValueError, r"4 dimensions \[B, H, N, D\]")):
+            with self.subTest(pattern=pattern), self.assertRaisesRegex(error, pattern):
+                attention_op(tensor, tensor, tensor, "v6")
+        with self.assertRaisesRegex(ValueError, "unknown step 'v99'"):
+            attention_op(q, q, q, "v99")
+        with self.assertRaisesRegex(ValueError, "does not write L"):
+            attention_op(q, q, q, "v0", None, None, True)
+
+    def test_a_shape_the_step_does_not_serve(self):
+        limited = [(step, steps.max_tokens(step, 64)) for step, _ in served_steps(64)]
+        limited = [(step, largest) for step, largest in limited if largest is not None]
+        if not limited:
+            self.skipTest("no step has an N limit on this GPU")
+        step, largest = limited[0]
+        q = torch.randn(1, 1, largest + 1, 64, device="cuda", dtype=torch.half)
+        with self.assertRaisesRegex(ValueError, "--tokens"):
+            attention_op(q, q, q, step)
+
+
+if __name__ == "__main__":
+    result = unittest.main(exit=False, verbosity=2).result
+    sys.exit(0 if result.wasSuccessful() and result.testsRun > len(result.skipped) else 1)
