@@ -224,6 +224,14 @@ int check_run(const attn::StepInfo& step, const attn::Shape& shape, const void* 
   }
 #if CUDART_VERSION >= 12080
   if (!query_cuda) return device;
+  // cudaStreamGetDevice is one of the calls a stream capture forbids: made on a capturing
+  // stream, it invalidates the capture (CUDA graphs). A capturing stream goes unchecked.
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(static_cast<cudaStream_t>(stream), &capture) != cudaSuccess) {
+    cudaGetLastError();  // the legacy stream while another thread captures: leave it unchecked
+    return device;
+  }
+  if (capture != cudaStreamCaptureStatusNone) return device;
   int stream_device = device;
   CUDA_CHECK(cudaStreamGetDevice(static_cast<cudaStream_t>(stream), &stream_device));
   if (stream_device != device) {

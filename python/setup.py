@@ -5,9 +5,10 @@ the operator torch.ops.attention_steps.attention built against that torch.
     pip install --no-build-isolation ./python
 
 The kernels are not compiled here: the package links libattention_steps.so as CMake built it
-(ATTENTION_STEPS_BUILD_DIR, default <checkout>/build) and installs a copy of it beside the
-operator, so the installed package needs no checkout. Building the operator compiles one C++
-file against torch's headers (about a minute).
+(ATTENTION_STEPS_BUILD_DIR, default <checkout>/build; a relative path is taken from the
+checkout's root) and installs a copy of it beside the operator, so the installed package needs
+no checkout. Building the operator compiles one C++ file against torch's headers (about a
+minute).
 """
 import os
 import pathlib
@@ -17,7 +18,9 @@ from setuptools import setup
 from setuptools.command.build_py import build_py
 
 HERE = pathlib.Path(__file__).resolve().parent
-BUILD = pathlib.Path(os.environ.get("ATTENTION_STEPS_BUILD_DIR", HERE.parent / "build")).resolve()
+# A relative ATTENTION_STEPS_BUILD_DIR is taken from the checkout's root (pip runs this file from
+# python/, wherever it was started).
+BUILD = (HERE.parent / os.environ.get("ATTENTION_STEPS_BUILD_DIR", "build")).resolve()
 LIBRARY = BUILD / "libattention_steps.so"
 if not LIBRARY.is_file():
     raise SystemExit(f"attention_steps: {LIBRARY} not found. Build it first: cmake -B build && "

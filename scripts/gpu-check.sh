@@ -562,7 +562,7 @@ stage_torch() {
   local rc=0
   for test in test_torch_op.py "test_torch_bridge.py --gpu"; do
     # shellcheck disable=SC2086  # the test's arguments
-    PYTHONPATH="$site" timeout "$(limit 240)" "$PYTHON" tests/python/$test \
+    PYTHONPATH="$site" timeout "$(limit 240)" "$PYTHON" -X faulthandler tests/python/$test \
       >> "$OUTDIR/torch_op_tests.log" 2>&1 || { echo "$test FAILED"; rc=1; }
   done
   grep -E "^(Ran|OK|FAILED)|(ERROR|FAIL):" "$OUTDIR/torch_op_tests.log" || true

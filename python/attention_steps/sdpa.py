@@ -28,6 +28,7 @@ from ._capi import load_library
 PREFERENCE = ("v8", "v7", "v6")
 
 _pytorch_sdpa = F.scaled_dot_product_attention  # PyTorch's own, whatever use_steps does later
+_attention_op = torch_op.load_if_built()  # None: not built, and no call is served by a step
 _plans = {}          # device index -> {head_dim: (step, largest N or None for any)}
 _said = set()        # the fallback reasons already printed
 _settings = {"verbose": False}
@@ -55,6 +56,8 @@ def plan_for(device_index):
 def _why_not(query, key, value, attn_mask, dropout_p, is_causal):
     """(step, None) when a step serves the call, else (None, the reason in a few words)."""
     tensors = (query, key, value)
+    if _attention_op is None:
+        return None, f"no operator ({torch_op.BUILD_COMMAND})"
     if not all(isinstance(t, torch.Tensor) for t in tensors):
         return None, "arguments that are not tensors"
     if attn_mask is not None:
@@ -92,7 +95,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     (see the module's docstring), by PyTorch's otherwise."""
     step, reason = _why_not(query, key, value, attn_mask, dropout_p, is_causal)
     if step is not None:
-        return torch_op.load()(query, key, value, step, scale, None, False)[0]
+        return _attention_op(query, key, value, step, scale, None, False)[0]
     if _settings["verbose"] and reason not in _said and not torch.compiler.is_compiling():
         _said.add(reason)
         print(f"attention_steps: PyTorch's scaled_dot_product_attention runs calls with {reason}")
@@ -108,7 +111,7 @@ def use_steps(enable=True, *, verbose=False):
     if not enable:
         F.scaled_dot_product_attention = _pytorch_sdpa
         return
-    torch_op.load()
+    torch_op.load()  # ImportError saying how to build it, rather than a silent fallback
     for device_index in range(torch.cuda.device_count()):
         plan_for(device_index)
     F.scaled_dot_product_attention = scaled_dot_product_attention

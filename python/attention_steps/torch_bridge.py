@@ -25,6 +25,7 @@ from . import torch_op
 from ._capi import StepRefused, load_library
 
 RECORD_PREFIX = "attention_steps::"  # profiler ranges around each kernel call: attention_steps::v6
+_attention_op = torch_op.load_if_built()
 
 
 def attention(q, k, v, step="v6", *, scale=None):
@@ -38,7 +39,8 @@ def attention(q, k, v, step="v6", *, scale=None):
     # L only where autograd will keep it for a backward: it costs the forward 1-12% (chapter 07).
     needs_grad = torch.is_grad_enabled() and any(
         getattr(tensor, "requires_grad", False) for tensor in (q, k, v))
-    return torch_op.load()(q, k, v, step, scale, None, needs_grad)[0]
+    operator = _attention_op if _attention_op is not None else torch_op.load()  # says how to build it
+    return operator(q, k, v, step, scale, None, needs_grad)[0]
 
 
 class StepSelfAttention(nn.Module):

@@ -51,6 +51,16 @@ def load():
     return torch.ops.attention_steps.attention
 
 
+def load_if_built():
+    """torch.ops.attention_steps.attention, or None where it is not built. Callers resolve it
+    once, at import, so that nothing on their call path loads anything while torch.compile
+    traces it."""
+    try:
+        return load()
+    except ImportError:
+        return None
+
+
 def available():
     """Whether the operator is built and loads."""
     try:

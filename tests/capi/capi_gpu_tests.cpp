@@ -336,8 +336,9 @@ TEST_CASE("a launch captured into a CUDA graph and replayed gives the answer (wi
     const int status = attn_launch(step.id, &call, message, sizeof message);
     cudaGraph_t graph = nullptr;
     const cudaError_t captured = cudaStreamEndCapture(stream.get(), &graph);
+    if (captured != cudaSuccess) cudaGetLastError();  // reported here, not by the next test
     INFO("attn_launch during capture: " << message << "; end of capture: "
-                                        << cudaGetErrorString(captured));
+                                        << std::string(cudaGetErrorString(captured)));
     REQUIRE(status == ATTN_OK);
     REQUIRE(captured == cudaSuccess);
     // Captured, not run: O is still the NaN poison.

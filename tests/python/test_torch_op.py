@@ -101,7 +101,11 @@ class EveryStep(Checks):
                         self.assertEqual(rows.numel(), 0)  # L only when asked
                         self.assert_close_to_sdpa(q, k, v, out)
                         # A step that takes views writes O into [B, N, H, D] memory.
-                        self.assertEqual(out.transpose(1, 2).is_contiguous(), takes_strides)
+                        batch, heads, _, _ = q.shape
+                        expected = ((tokens * heads * head_dim, head_dim, heads * head_dim, 1)
+                                    if takes_strides else
+                                    (heads * tokens * head_dim, tokens * head_dim, head_dim, 1))
+                        self.assertEqual(out.stride(), expected)
                         ran += 1
         self.assertGreater(ran, 0)
 

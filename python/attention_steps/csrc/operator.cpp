@@ -62,9 +62,19 @@ const StepFacts& facts_of(const std::string& id) {
   return step->second;
 }
 
+// "[2, 65, 64]". Written out, not streamed as sizes(): streaming an IntArrayRef into the
+// message of a failed check crashed the process on the H100 machine (torch 2.11, Python 3.12).
+std::string shape_text(const at::Tensor& tensor) {
+  std::string text = "[";
+  for (int64_t dim = 0; dim < tensor.dim(); ++dim) {
+    text += (dim > 0 ? ", " : "") + std::to_string(tensor.size(dim));
+  }
+  return text + "]";
+}
+
 void check_tensor(const char* name, const at::Tensor& tensor, const at::Tensor& q) {
   TORCH_CHECK_VALUE(tensor.dim() == 4, "attention_steps: ", name,
-                    " must have 4 dimensions [B, H, N, D]; it has shape ", tensor.sizes());
+                    " must have 4 dimensions [B, H, N, D]; it has shape ", shape_text(tensor));
   TORCH_CHECK_TYPE(tensor.scalar_type() == at::kHalf, "attention_steps: ", name, " is ",
                    tensor.scalar_type(), "; the steps take torch.float16 only (call .half())");
   TORCH_CHECK_VALUE(tensor.is_cuda(), "attention_steps: ", name, " is on ", tensor.device(),
@@ -106,9 +116,9 @@ std::tuple<at::Tensor, at::Tensor> attention_kernel(const at::Tensor& q, const a
   check_tensor("v", v, q);
   const int64_t batch = q.size(0), heads = q.size(1), tokens = q.size(2), head_dim = q.size(3);
   TORCH_CHECK_VALUE(k.sizes() == v.sizes(), "attention_steps: k and v must have one shape; got ",
-                    k.sizes(), " and ", v.sizes());
+                    shape_text(k), " and ", shape_text(v));
   TORCH_CHECK_VALUE(k.size(0) == batch && k.size(1) == heads && k.size(3) == head_dim,
-                    "attention_steps: q ", q.sizes(), " and k ", k.sizes(),
+                    "attention_steps: q ", shape_text(q), " and k ", shape_text(k),
                     " must agree in B, H and D");
   TORCH_CHECK_VALUE(!scale.has_value() || *scale > 0.0, "attention_steps: scale must be "
                     "positive; got ", scale.value_or(0.0));
