@@ -548,7 +548,7 @@ stage_torch() {
   fi
   [ -f "$BUILD_DIR/libattention_steps.so" ] || { echo "no $BUILD_DIR/libattention_steps.so (build the attention_steps target)"; return 1; }
   local site="$OUTDIR/torch-site"
-  rm -rf "$site"
+  rm -rf "$site" python/build python/*.egg-info  # a clean build: its time is the one to report
   echo "## pip install --no-build-isolation ./python (into $site)"
   local started=$(date +%s)
   ATTENTION_STEPS_BUILD_DIR="$BUILD_DIR" timeout "$(limit 300)" "$PYTHON" -m pip install \
