@@ -292,6 +292,7 @@ int attn_step_get(int index, attn_step_info* info) {
     info->uses_workspace = step.workspace_bytes != nullptr ? 1 : 0;
     info->takes_strides = step.takes_strides ? 1 : 0;
     info->writes_log_sum_exp = step.writes_log_sum_exp ? 1 : 0;
+    info->is_backward = step.kind == attn::StepKind::backward ? 1 : 0;
   });
 }
 
@@ -384,6 +385,10 @@ attn::TensorStrides strides_of(const char* name, const attn_strides& given,
 // argument is accepted.
 void launch_call(const char* id, const attn_launch_args& call) {
   const attn::StepInfo& step = step_named(id);
+  if (step.kind == attn::StepKind::backward) {
+    throw Refused{step.id + " is a backward step (dQ, dK, dV from dO); the C ABI runs forward "
+                  "steps"};
+  }
   const attn::Shape shape = shape_of(call.batch, call.heads, call.tokens, call.head_dim);
   if (call.kv_tokens != 0 && call.kv_tokens != call.tokens) {
     throw Refused{"kv_tokens " + std::to_string(call.kv_tokens) + " differs from tokens " +

@@ -57,6 +57,7 @@ typedef struct attn_step_info {
   int uses_workspace;          /* 1 when it needs scratch device memory (attn_workspace_bytes) */
   int takes_strides;           /* 1 when it reads and writes views (attn_run_strided) */
   int writes_log_sum_exp;      /* 1 when it writes L (attn_run_with_log_sum_exp) */
+  int is_backward;             /* 1 for a backward step (dQ, dK, dV): listed, not run here */
 } attn_step_info;
 
 /* The strides, in elements, of a [B, H, N, D] view whose rows of D values are contiguous:

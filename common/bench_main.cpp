@@ -83,7 +83,12 @@ BenchOptions parse(int argc, char** argv) {
       if (list != "all") {
         std::stringstream stream(list);
         for (std::string id; std::getline(stream, id, ',');) {
-          if (find_step(id) == nullptr) throw UsageError("--steps: no step or baseline '" + id + "' (see --list)");
+          const StepInfo* found = find_step(id);
+          if (found == nullptr) throw UsageError("--steps: no step or baseline '" + id + "' (see --list)");
+          if (found->kind == StepKind::backward) {
+            throw UsageError("--steps: " + id + " is a backward step; the bench times forward "
+                             "steps (./step" + id.substr(1) + " times it)");
+          }
           options.steps.push_back(id);
         }
       }
@@ -112,7 +117,9 @@ BenchOptions parse(int argc, char** argv) {
     }
   }
   if (options.steps.empty()) {
-    for (const StepInfo& step : registered_steps()) options.steps.push_back(step.id);
+    for (const StepInfo& step : registered_steps()) {
+      if (step.kind != StepKind::backward) options.steps.push_back(step.id);
+    }
   }
   return options;
 }
@@ -167,7 +174,10 @@ void print_gpu_table() {
   for (std::size_t i = 0; i < std::size(kSharedBudgets); ++i) std::cout << "---:|";
   std::cout << "\n";
   for (const StepInfo& step : registered_steps()) {
-    std::cout << "| " << step.id << (step.kind == StepKind::baseline ? " (baseline)" : "") << " | "
+    std::cout << "| " << step.id
+              << (step.kind == StepKind::baseline ? " (baseline)"
+                  : step.kind == StepKind::backward ? " (backward)" : "")
+              << " | "
               << step.compute_capability_range() << " |";
     for (const SharedBudget& budget : kSharedBudgets) {
       bool runs = false;

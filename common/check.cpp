@@ -154,4 +154,70 @@ void compare_log_sum_exp(const Shape& shape, const Reference& reference,
   result.passed = result.passed && passed;
 }
 
+CheckResult compare_gradients(const Shape& shape, const BackwardReference& reference,
+                              const std::vector<__half>& dq, const std::vector<__half>& dk,
+                              const std::vector<__half>& dv) {
+  const int64_t slice_size = shape.tokens * shape.head_dim;
+  CheckResult result;
+  result.checked = true;
+  result.passed = true;
+  result.checked_slices = int64_t(reference.slices.size());
+  result.total_slices = shape.slices();
+  result.relative_tolerance = kGradientRelativeTolerance;
+  double worst_ratio = -1;  // of the gradients' max abs errors to their tolerances
+  const std::vector<double> SliceGradients::*wanted[] = {&SliceGradients::dq, &SliceGradients::dk,
+                                                          &SliceGradients::dv};
+  const std::vector<__half>* gotten[] = {&dq, &dk, &dv};
+  const char* names[] = {"dQ", "dK", "dV"};
+  for (int which = 0; which < 3; ++which) {
+    double error_sq = 0, reference_sq = 0, largest = 0, max_abs_error = 0;
+    int64_t nonfinite = 0;
+    std::string where, first_nonfinite;
+    for (std::size_t s = 0; s < reference.slices.size(); ++s) {
+      const int64_t slice = reference.slices[s];
+      const std::vector<double>& want = reference.gradients[s].*wanted[which];
+      const __half* got = gotten[which]->data() + slice * slice_size;
+      for (int64_t i = 0; i < slice_size; ++i) {
+        largest = std::max(largest, std::fabs(want[i]));
+        const double value = double(__half2float(got[i]));
+        if (!std::isfinite(value)) {
+          if (nonfinite++ == 0) first_nonfinite = location(shape, slice * slice_size + i);
+          continue;
+        }
+        const double error = std::fabs(value - want[i]);
+        error_sq += error * error;
+        reference_sq += want[i] * want[i];
+        if (error > max_abs_error) {
+          max_abs_error = error;
+          where = location(shape, slice * slice_size + i) + ": got " + std::to_string(value) +
+                  ", want " + std::to_string(want[i]);
+        }
+      }
+    }
+    const double relative = reference_sq > 0 ? std::sqrt(error_sq / reference_sq) : std::sqrt(error_sq);
+    const double abs_tolerance = kGradientAbsoluteFactor * largest;
+    const bool passed = nonfinite == 0 && relative <= kGradientRelativeTolerance &&
+                        max_abs_error <= abs_tolerance;
+    result.nonfinite += nonfinite;
+    result.relative_error = std::max(result.relative_error, relative);
+    const double ratio = abs_tolerance > 0 ? max_abs_error / abs_tolerance : max_abs_error;
+    if (ratio > worst_ratio) {
+      worst_ratio = ratio;
+      result.max_abs_error = max_abs_error;
+      result.abs_tolerance = abs_tolerance;
+    }
+    if (!passed && result.passed) {
+      result.worst = nonfinite > 0 ? std::string(names[which]) + ": first non-finite value at " + first_nonfinite
+                                   : std::string(names[which]) + ": relative error " +
+                                         std::to_string(relative) + ", largest error at " + where;
+    }
+    if (result.worst.empty() || (passed && result.passed && ratio >= worst_ratio)) {
+      result.worst = std::string(names[which]) + ": relative error " + std::to_string(relative) +
+                     ", largest error at " + where;
+    }
+    result.passed = result.passed && passed;
+  }
+  return result;
+}
+
 }  // namespace attn

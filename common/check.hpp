@@ -24,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "backward_reference.hpp"
 #include "cpu_reference.hpp"
 #include "inputs.hpp"
 #include "options.hpp"
@@ -77,5 +78,18 @@ CheckResult compare(const HostTensors& inputs, const Reference& reference,
 void compare_log_sum_exp(const Shape& shape, const Reference& reference,
                          const std::vector<float>& log_sum_exp, const std::vector<float>& all_rows,
                          CheckResult& result);
+
+// A backward step's dQ, dK and dV against the fp64 backward reference, on its slices. Each is a
+// sum of products whose factors a tensor-core kernel rounds to fp16 (P, dS: u/2 each), stored in
+// fp16 (u/2), and D = dO . O is built from the forward's fp16 O, whose rounding (u/2) reaches
+// every dS of its row through dP - D. So a correct kernel's relative error is a small multiple of
+// u; we allow 8u on each gradient's relative Frobenius error, and 8u times the gradient's largest
+// reference value on any one element. The result holds the worst of the three (`worst` names
+// it); relative_error is the largest of their relative errors.
+constexpr double kGradientRelativeTolerance = 8 * kUnitRoundoff;
+constexpr double kGradientAbsoluteFactor = 8 * kUnitRoundoff;
+CheckResult compare_gradients(const Shape& shape, const BackwardReference& reference,
+                              const std::vector<__half>& dq, const std::vector<__half>& dk,
+                              const std::vector<__half>& dv);
 
 }  // namespace attn

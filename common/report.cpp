@@ -38,11 +38,18 @@ std::string json_number(double value) {
 
 }  // namespace
 
+double Record::flops() const { return backward ? 2.5 * shape.flops() : shape.flops(); }
+
+double Record::min_bytes() const {
+  if (!backward) return shape.min_bytes();
+  return 2.0 * shape.min_bytes() + 4.0 * double(shape.slices() * shape.tokens);
+}
+
 double Record::tflops() const {
-  return timing.median_us > 0 ? shape.flops() / (timing.median_us * 1e-6) / 1e12 : 0;
+  return timing.median_us > 0 ? flops() / (timing.median_us * 1e-6) / 1e12 : 0;
 }
 double Record::gbps() const {
-  return timing.median_us > 0 ? shape.min_bytes() / (timing.median_us * 1e-6) / 1e9 : 0;
+  return timing.median_us > 0 ? min_bytes() / (timing.median_us * 1e-6) / 1e9 : 0;
 }
 double Record::fraction_of_tensor_peak() const {
   return ceilings.tensor_tflops > 0 ? tflops() / ceilings.tensor_tflops : 0;
@@ -68,8 +75,8 @@ std::string status_of(const CheckResult& check) {
 void print_text(std::ostream& out, const Record& r) {
   out << "step     " << r.step << "  " << r.title << "\n";
   out << "gpu      " << r.gpu.name << " (" << r.gpu.sm_count << " SMs)\n";
-  out << "shape    " << r.shape.str() << "  (" << format("%.3g", r.shape.flops() / 1e9)
-      << " GFLOP, " << format("%.3g", r.shape.min_bytes() / 1e6) << " MB at the fewest bytes)\n";
+  out << "shape    " << r.shape.str() << "  (" << format("%.3g", r.flops() / 1e9)
+      << " GFLOP, " << format("%.3g", r.min_bytes() / 1e6) << " MB at the fewest bytes)\n";
   if (r.status.rfind("skipped", 0) == 0) {
     out << "status   " << r.status << "\n";
     return;
@@ -126,8 +133,8 @@ void print_json(std::ostream& out, const Record& r) {
       << ", \"gpu\": " << json_string(r.gpu.name) << ", \"date\": " << json_string(r.date)
       << ", \"batch\": " << r.shape.batch << ", \"heads\": " << r.shape.heads
       << ", \"tokens\": " << r.shape.tokens << ", \"head_dim\": " << r.shape.head_dim
-      << ", \"flops\": " << json_number(r.shape.flops())
-      << ", \"min_bytes\": " << json_number(r.shape.min_bytes())
+      << ", \"flops\": " << json_number(r.flops())
+      << ", \"min_bytes\": " << json_number(r.min_bytes())
       << ", \"median_us\": " << json_number(r.timing.median_us)
       << ", \"min_us\": " << json_number(r.timing.min_us)
       << ", \"max_us\": " << json_number(r.timing.max_us) << ", \"iters\": " << r.timing.iters

@@ -22,6 +22,13 @@ struct Record {
   Ceilings ceilings;
   std::string status;  // "passed", "failed", "unchecked", or "skipped: <why>"
   std::string date;    // UTC, ISO 8601
+  bool backward = false;  // a backward step's record: dQ, dK, dV checked, the backward timed
+
+  // The work the record's time is for. A backward is counted as FlashAttention counts it, 2.5
+  // times the forward's FLOPs (five N x N x D products to the forward's two), and its fewest
+  // bytes are Q, K, V, O, dO read and dQ, dK, dV written, fp16, plus L.
+  double flops() const;
+  double min_bytes() const;
 
   double tflops() const;            // achieved FLOP rate at the median time
   double gbps() const;              // the fewest bytes over the median time

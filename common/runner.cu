@@ -76,6 +76,10 @@ void ensure_fits(const StepInfo& step, const Shape& shape, bool check_all_slices
 std::size_t device_bytes_needed(const StepInfo& step, const Shape& shape, int buffer_sets,
                                 bool check_all_slices) {
   const std::size_t rows = std::size_t(shape.slices() * shape.tokens);
+  if (step.kind == StepKind::backward) {  // Q, K, V, O, dO, dQ, dK, dV, L; one set
+    return 8 * std::size_t(shape.elements()) * sizeof(__half) + rows * sizeof(float) +
+           step.workspace_for(shape);
+  }
   return std::size_t(buffer_sets) * 4 * std::size_t(shape.elements()) * sizeof(__half) +
          step.workspace_for(shape) +
          (step.writes_log_sum_exp ? rows * sizeof(float) : 0) +  // the checked run's L
@@ -116,8 +120,103 @@ void exit_if_gpu_hung(int status) {
   std::_Exit(status);  // no CUDA teardown: it would wait for the kernel that never ends
 }
 
+BackwardRunResult run_backward_step(const StepInfo& step, const HostTensors& inputs,
+                                    const std::vector<__half>& d_o,
+                                    const BackwardReference* reference, const RunConfig& config) {
+  if (!gpu_hang_reason().empty()) {
+    throw GpuHang("not run: an earlier kernel of this process never finished and still occupies "
+                  "the GPU (" + gpu_hang_reason() + ")");
+  }
+  const StepInfo* forward = find_step(step.forward_step);
+  if (step.launch_backward == nullptr || forward == nullptr || forward->launch == nullptr ||
+      !forward->writes_log_sum_exp) {
+    throw std::logic_error(step.id + " needs its forward step '" + step.forward_step +
+                           "' (one that writes L) linked into this program");
+  }
+  const Shape& shape = inputs.shape;
+  ensure_fits(step, shape);
+  const std::size_t count = std::size_t(shape.elements());
+  const std::size_t rows = std::size_t(shape.slices() * shape.tokens);
+  DeviceBuffer<__half> q(count), k(count), v(count), o(count), d_o_buffer(count), dq(count),
+      dk(count), dv(count);
+  DeviceBuffer<float> log_sum_exp(rows);
+  DeviceBuffer<char> forward_workspace(forward->workspace_for(shape)),
+      workspace(step.workspace_for(shape));
+  for (const auto& [device, host] : {std::pair<__half*, const __half*>{q.data(), inputs.q.data()},
+                                     {k.data(), inputs.k.data()}, {v.data(), inputs.v.data()},
+                                     {d_o_buffer.data(), d_o.data()}}) {
+    CUDA_CHECK(cudaMemcpy(device, host, count * sizeof(__half), cudaMemcpyHostToDevice));
+  }
+  CUDA_CHECK(cudaStreamSynchronize(cudaStreamLegacy));  // as in run_step
+  const Stream owned_stream;
+  const cudaStream_t stream = owned_stream.get();
+
+  AttentionArgs forward_args = attention_args(shape, q.data(), k.data(), v.data(), o.data(),
+                                              forward_workspace.data(), stream);
+  forward_args.log_sum_exp = log_sum_exp.data();
+  forward->launch(forward_args);
+  CUDA_CHECK_LAUNCH();
+  BackwardArgs args;
+  args.q = q.data();
+  args.k = k.data();
+  args.v = v.data();
+  args.o = o.data();
+  args.d_o = d_o_buffer.data();
+  args.log_sum_exp = log_sum_exp.data();
+  args.dq = dq.data();
+  args.dk = dk.data();
+  args.dv = dv.data();
+  args.batch = int(shape.batch);
+  args.heads = int(shape.heads);
+  args.tokens = int(shape.tokens);
+  args.head_dim = int(shape.head_dim);
+  args.scale = forward_args.scale;
+  args.workspace = workspace.data();
+  args.stream = stream;
+  for (__half* gradient : {dq.data(), dk.data(), dv.data()}) {  // NaN: an unwritten element fails
+    CUDA_CHECK(cudaMemsetAsync(gradient, 0xFF, count * sizeof(__half), stream));
+  }
+  step.launch_backward(args);
+  CUDA_CHECK_LAUNCH();
+  const auto abandon_buffers = [&] {
+    for (DeviceBuffer<__half>* buffer : {&q, &k, &v, &o, &d_o_buffer, &dq, &dk, &dv}) buffer->abandon();
+    log_sum_exp.abandon();
+    forward_workspace.abandon();
+    workspace.abandon();
+  };
+  synchronize_or_remember(stream, 2 * checked_run_limit_seconds(shape), abandon_buffers);
+
+  BackwardRunResult result;
+  if (reference != nullptr) {
+    std::vector<__half> host_dq(count), host_dk(count), host_dv(count);
+    CUDA_CHECK(cudaMemcpy(host_dq.data(), dq.data(), count * sizeof(__half), cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaMemcpy(host_dk.data(), dk.data(), count * sizeof(__half), cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaMemcpy(host_dv.data(), dv.data(), count * sizeof(__half), cudaMemcpyDeviceToHost));
+    result.check = compare_gradients(shape, *reference, host_dq, host_dk, host_dv);
+  }
+  if (config.time) {
+    try {
+      result.timing = time_launches(
+          [&](int) {
+            step.launch_backward(args);
+            CUDA_CHECK_LAUNCH();
+          },
+          stream, config.warmup, config.iters);
+    } catch (const GpuHang& hang) {
+      gpu_hang_reason() = hang.what();
+      abandon_buffers();
+      throw;
+    }
+    result.timing.buffer_sets = 1;
+  }
+  return result;
+}
+
 RunResult run_step(const StepInfo& step, const HostTensors& inputs, const Reference* reference,
                    const RunConfig& config) {
+  if (step.kind == StepKind::backward) {
+    throw std::logic_error(step.id + " is a backward step: run_backward_step runs it");
+  }
   if (!gpu_hang_reason().empty()) {
     throw GpuHang("not run: an earlier kernel of this process never finished and still occupies "
                   "the GPU (" + gpu_hang_reason() + ")");

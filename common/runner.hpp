@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "check.hpp"
+#include "backward_reference.hpp"
 #include "ceilings.hpp"
 #include "inputs.hpp"
 #include "step.hpp"
@@ -53,6 +54,18 @@ void ensure_fits(const StepInfo& step, const Shape& shape, bool check_all_slices
 // flushed: the kernel still occupies the GPU, and the CUDA runtime's teardown at a normal exit
 // would wait for it. Otherwise returns.
 void exit_if_gpu_hung(int status);
+
+// A backward step (StepKind::backward): its forward step (StepInfo::forward_step, which the
+// program must link) writes O and L from the inputs, then the checked run of the backward on dQ,
+// dK and dV poisoned with NaN, checked against `reference` (nullptr: no check), then the timed
+// runs of the backward alone, on the same O and L.
+struct BackwardRunResult {
+  TimingStats timing;
+  CheckResult check;
+};
+BackwardRunResult run_backward_step(const StepInfo& step, const HostTensors& inputs,
+                                    const std::vector<__half>& d_o,
+                                    const BackwardReference* reference, const RunConfig& config);
 
 // reference may be nullptr (no check).
 RunResult run_step(const StepInfo& step, const HostTensors& inputs, const Reference* reference,

@@ -13,11 +13,12 @@ std::vector<StepInfo>& registry() {
 
 // "v10" sorts after "v9"; baselines after all steps.
 bool comes_before(const StepInfo& a, const StepInfo& b) {
-  if (a.kind != b.kind) return a.kind == StepKind::step;
+  const bool a_numbered = a.kind != StepKind::baseline, b_numbered = b.kind != StepKind::baseline;
+  if (a_numbered != b_numbered) return a_numbered;
   auto number = [](const std::string& id) {
     return id.size() > 1 && id[0] == 'v' ? std::stoi(id.substr(1)) : 0;
   };
-  if (a.kind == StepKind::step && number(a.id) != number(b.id)) return number(a.id) < number(b.id);
+  if (a_numbered && number(a.id) != number(b.id)) return number(a.id) < number(b.id);
   return a.id < b.id;
 }
 

@@ -79,7 +79,31 @@ inline AttentionArgs attention_args(const Shape& shape, const __half* q, const _
   return args;
 }
 
+// What a backward step gets: the forward's inputs and outputs, dO, and where dQ, dK and dV go,
+// all [B, H, N, D] fp16 (contiguous); L is the forward's log-sum-exp, [B, H, N] fp32. With
+// S = scale Q K^T and P = exp(S - L): dV = P^T dO, dS = P o (dO V^T - D) with D_i = dO_i . O_i,
+// dQ = scale dS K, dK = scale dS^T Q (reference/backward_reference.hpp).
+struct BackwardArgs {
+  const __half* q = nullptr;
+  const __half* k = nullptr;
+  const __half* v = nullptr;
+  const __half* o = nullptr;
+  const __half* d_o = nullptr;
+  const float* log_sum_exp = nullptr;
+  __half* dq = nullptr;
+  __half* dk = nullptr;
+  __half* dv = nullptr;
+  int batch = 0;
+  int heads = 0;
+  int tokens = 0;
+  int head_dim = 0;
+  double scale = 0.0;         // 1/sqrt(D) as the harness sets it
+  void* workspace = nullptr;  // workspace_bytes(shape) bytes
+  cudaStream_t stream = nullptr;
+};
+
 using LaunchFn = void (*)(const AttentionArgs&);
+using BackwardLaunchFn = void (*)(const BackwardArgs&);
 using WorkspaceFn = std::size_t (*)(const Shape&);
 using SharedBytesFn = std::size_t (*)(const Shape&);
 // The checked build of the Hopper pipeline (steps/hopper/checked.cuh): the first protocol rule
@@ -111,7 +135,9 @@ inline constexpr SharedBudget kSharedBudgets[] = {
     {232448, "227 KB", "H100, H200", {90, 0}},
 };
 
-enum class StepKind { step, baseline };
+// A backward step computes dQ, dK and dV (launch_backward) after the forward step it names
+// (forward_step) wrote O and L; it has no forward launch of its own.
+enum class StepKind { step, baseline, backward };
 
 struct StepInfo {
   std::string id;                  // "v0", "v1", ... (given by CMake), or a baseline's name
@@ -129,6 +155,8 @@ struct StepInfo {
   bool takes_strides = false;  // reads and writes strided views (AttentionArgs), not only contiguous
   PipelineReportFn pipeline_report = nullptr;  // set by steps built with the checked pipeline
   bool writes_log_sum_exp = false;  // fills AttentionArgs::log_sum_exp when asked
+  BackwardLaunchFn launch_backward = nullptr;  // a backward step's launch (kind backward)
+  std::string forward_step = "";  // a backward step's forward: the step that writes its O and L
 
   // Why this step refuses the shape on any GPU (a head dim it does not serve), in one line that
   // names the flag; nothing if it serves it.

@@ -37,16 +37,27 @@ int run_step_program(const StepInfo& step, int argc, const char* const* argv, st
 
     const HostTensors inputs = make_inputs(options.shape, options.seed);
     const std::vector<int64_t> slices = slices_to_check(options.shape, options.check, options.seed);
-    const Reference reference = compute_reference(inputs, slices);
     RunConfig config;
     config.warmup = options.warmup;
     config.iters = options.iters;
     config.max_persistent_blocks = persistent_blocks_testing_aid();
-    const RunResult result =
-        run_step(step, inputs, options.check == CheckMode::none ? nullptr : &reference, config);
-    record.timing = result.timing;
-    record.check = result.check;
-    record.status = status_of(result.check);
+    if (step.kind == StepKind::backward) {
+      // dO too; the forward step it pairs with makes O and L; dQ, dK and dV are checked.
+      const std::vector<__half> d_o = make_output_gradient(options.shape, options.seed);
+      const BackwardReference reference = compute_backward_reference(inputs, d_o, slices);
+      const BackwardRunResult result = run_backward_step(
+          step, inputs, d_o, options.check == CheckMode::none ? nullptr : &reference, config);
+      record.backward = true;
+      record.timing = result.timing;
+      record.check = result.check;
+    } else {
+      const Reference reference = compute_reference(inputs, slices);
+      const RunResult result =
+          run_step(step, inputs, options.check == CheckMode::none ? nullptr : &reference, config);
+      record.timing = result.timing;
+      record.check = result.check;
+    }
+    record.status = status_of(record.check);
 
     switch (options.format) {
       case Format::text: print_text(out, record); break;

@@ -574,7 +574,7 @@ def main(argv):
         print(f"vit_end_to_end.py: {error}", file=sys.stderr)
         return 3
 
-    listed = [info.id for info in library.steps()]
+    listed = [info.id for info in library.steps() if not info.is_backward]
     if args.steps == "all":
         chosen = listed
     else:

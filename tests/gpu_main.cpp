@@ -58,6 +58,10 @@ int main(int argc, char** argv) {
     std::cout << "SKIPPED: " << *reason << "; the GPU suite for " << id << " did not run\n";
     return kSkipped;
   }
+  // A backward step runs the backward suite (test_backward_gpu.cpp), every other step the rest.
+  std::string suite_filter = selected->kind == attn::StepKind::backward
+                                 ? "--test-suite=backward" : "--test-suite-exclude=backward";
+  doctest_args.push_back(suite_filter.data());
   doctest::Context context(int(doctest_args.size()), doctest_args.data());
   const int result = context.run();
   attn::exit_if_gpu_hung(result);  // a hung step: exit without waiting for its kernel

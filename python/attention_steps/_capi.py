@@ -65,6 +65,7 @@ class StepInfo:
     uses_workspace: bool
     takes_strides: bool  # reads and writes views (Library.run with strides)
     writes_log_sum_exp: bool  # writes each row's log-sum-exp L (Library.run with log_sum_exp)
+    is_backward: bool = False  # a backward step (dQ, dK, dV): listed, not run through the library
 
 
 @dataclass(frozen=True)
@@ -88,6 +89,7 @@ class _StepInfoStruct(ctypes.Structure):
         ("uses_workspace", ctypes.c_int),
         ("takes_strides", ctypes.c_int),
         ("writes_log_sum_exp", ctypes.c_int),
+        ("is_backward", ctypes.c_int),
     ]
 
 
@@ -226,7 +228,8 @@ class Library:
                 uses_shared_memory=bool(info.uses_shared_memory),
                 uses_workspace=bool(info.uses_workspace),
                 takes_strides=bool(info.takes_strides),
-                writes_log_sum_exp=bool(info.writes_log_sum_exp)))
+                writes_log_sum_exp=bool(info.writes_log_sum_exp),
+                is_backward=bool(info.is_backward)))
         self._steps = tuple(found)
         return found
 

@@ -49,6 +49,8 @@ def served_steps(head_dim=None):
     """(step id, head dim) for every step that runs on this GPU at N = 1."""
     found = []
     for info in steps.list_steps():
+        if info.is_backward:  # dQ, dK, dV: the operator runs forward steps
+            continue
         for dim in info.head_dims:
             if (head_dim is None or dim == head_dim) and \
                     steps.refusal(info.id, (1, 1, 1, dim)) is None:
