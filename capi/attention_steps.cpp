@@ -471,6 +471,84 @@ void launch_call(const char* id, const attn_launch_args& call) {
   launch(step, args);
 }
 
+// attn_launch_backward. The checks of a forward launch, for eight tensors and L.
+void launch_backward_call(const char* id, const attn_backward_args& call) {
+  const attn::StepInfo& step = step_named(id);
+  if (step.kind != attn::StepKind::backward) {
+    throw Refused{step.id + " is a forward step; attn_launch_backward runs backward steps"};
+  }
+  const attn::Shape shape = shape_of(call.batch, call.heads, call.tokens, call.head_dim);
+  if (!(call.scale >= 0.0) || !std::isfinite(call.scale)) {
+    throw Refused{"scale " + std::to_string(call.scale) +
+                  ": it must be finite and positive (0 means 1/sqrt(head_dim))"};
+  }
+  if (auto reason = step.refuses(shape)) throw Refused{*reason};
+  const int device = current_device();
+  if (auto reason = step.refuses(shape, limits_of(device))) throw Refused{*reason};
+  if (const cudaError_t pending = cudaPeekAtLastError(); pending != cudaSuccess) {
+    cudaGetLastError();
+    throw attn::CudaError(std::string("a CUDA error from earlier work was pending on this "
+                                      "thread, so nothing was launched: ") +
+                          cudaGetErrorName(pending) + " (" + cudaGetErrorString(pending) + ")");
+  }
+  const bool query_cuda = call.pointers_checked_by_caller == 0;
+  const std::size_t bytes = std::size_t(shape.elements()) * sizeof(__half);
+  const std::pair<const char*, const void*> inputs[] = {
+      {"q", call.q}, {"k", call.k}, {"v", call.v}, {"o", call.o}, {"d_o", call.d_o}};
+  const std::pair<const char*, const void*> outputs[] = {{"dq", call.dq}, {"dk", call.dk}, {"dv", call.dv}};
+  for (const auto& [name, pointer] : inputs) check_pointer(name, pointer, device, query_cuda);
+  for (const auto& [name, pointer] : outputs) check_pointer(name, pointer, device, query_cuda);
+  check_pointer("log_sum_exp", call.log_sum_exp, device, query_cuda);
+  for (const auto& [output_name, output] : outputs) {
+    for (const auto& [input_name, input] : inputs) {
+      if (overlaps(output, bytes, input, bytes)) {
+        throw Refused{std::string(output_name) + " overlaps " + input_name +
+                      ": the gradients must not share memory with an input"};
+      }
+    }
+  }
+  attn::BackwardArgs args;
+  args.q = static_cast<const __half*>(call.q);
+  args.k = static_cast<const __half*>(call.k);
+  args.v = static_cast<const __half*>(call.v);
+  args.o = static_cast<const __half*>(call.o);
+  args.d_o = static_cast<const __half*>(call.d_o);
+  args.log_sum_exp = static_cast<const float*>(call.log_sum_exp);
+  args.dq = static_cast<__half*>(call.dq);
+  args.dk = static_cast<__half*>(call.dk);
+  args.dv = static_cast<__half*>(call.dv);
+  args.batch = int(shape.batch);
+  args.heads = int(shape.heads);
+  args.tokens = int(shape.tokens);
+  args.head_dim = int(shape.head_dim);
+  args.scale = call.scale > 0.0 ? call.scale : 1.0 / std::sqrt(double(shape.head_dim));
+  args.stream = static_cast<cudaStream_t>(call.stream);
+  const std::size_t needed = step.workspace_for(shape);
+  auto run = [&](void* workspace) {
+    args.workspace = workspace;
+    step.launch_backward(args);
+    CUDA_CHECK_LAUNCH();
+  };
+  if (needed == 0) return run(nullptr);
+  if (call.workspace != nullptr) {
+    if (call.workspace_bytes < needed) {
+      throw Refused{step.id + " needs " + std::to_string(needed) +
+                    " bytes of workspace at this shape; " + std::to_string(call.workspace_bytes) +
+                    " given"};
+    }
+    check_pointer("workspace", call.workspace, device, query_cuda);
+    return run(call.workspace);
+  }
+  void* workspace = nullptr;
+  CUDA_CHECK(cudaMallocAsync(&workspace, needed, args.stream));
+  struct Release {
+    void* pointer;
+    cudaStream_t stream;
+    ~Release() { cudaFreeAsync(pointer, stream); }
+  } release{workspace, args.stream};
+  run(workspace);
+}
+
 // The call of attn_run_strided and attn_run_with_log_sum_exp: NULL strides are contiguous.
 attn_launch_args call_of(const void* q, const void* k, const void* v, void* o, int64_t batch,
                          int64_t heads, int64_t tokens, int64_t head_dim, void* stream) {
@@ -496,6 +574,14 @@ int attn_launch(const char* id, const attn_launch_args* args, char* message,
   return guarded(message, message_size, [&] {
     if (args == nullptr) throw Refused{"args is NULL"};
     launch_call(id, *args);
+  });
+}
+
+int attn_launch_backward(const char* id, const attn_backward_args* args, char* message,
+                         std::size_t message_size) {
+  return guarded(message, message_size, [&] {
+    if (args == nullptr) throw Refused{"args is NULL"};
+    launch_backward_call(id, *args);
   });
 }
 

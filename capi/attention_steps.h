@@ -183,6 +183,33 @@ typedef struct attn_launch_args {
 int attn_launch(const char* id, const attn_launch_args* args, char* message,
                 size_t message_size);
 
+/* A backward step (is_backward): dQ, dK and dV from dO, given the forward's O and L (as a step
+ * that writes_log_sum_exp wrote them). All fp16 [B, H, N, D] contiguous but L (fp32 [B, H, N]);
+ * dQ, dK and dV must not overlap the inputs. Zero it first; fields left zero mean what the
+ * comments of attn_launch_args say (scale 0: 1/sqrt(head_dim); workspace NULL: allocated
+ * stream-ordered). */
+typedef struct attn_backward_args {
+  const void* q;
+  const void* k;
+  const void* v;
+  const void* o;
+  const void* d_o;
+  const void* log_sum_exp;
+  void* dq;
+  void* dk;
+  void* dv;
+  int64_t batch, heads, tokens, head_dim;
+  double scale;
+  void* workspace;
+  size_t workspace_bytes;
+  void* stream;
+  int pointers_checked_by_caller;
+} attn_backward_args;
+
+/* Runs backward step `id`; refuses a forward step. Queued on the stream, like attn_launch. */
+int attn_launch_backward(const char* id, const attn_backward_args* args, char* message,
+                         size_t message_size);
+
 #ifdef __cplusplus
 }
 #endif

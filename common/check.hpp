@@ -84,7 +84,7 @@ void compare_log_sum_exp(const Shape& shape, const Reference& reference,
 // fp16 (u/2), and D = dO . O is built from the forward's fp16 O, whose rounding (u/2) reaches
 // every dS of its row through dP - D. So a correct kernel's relative error is a small multiple of
 // u; we allow 8u on each gradient's relative Frobenius error, and 8u times the gradient's largest
-// reference value on any one element. The result holds the worst of the three (`worst` names
+// reference value (at least dV's: dQ and dK vanish at N = 1) on any one element. The result holds the worst of the three (`worst` names
 // it); relative_error is the largest of their relative errors.
 constexpr double kGradientRelativeTolerance = 8 * kUnitRoundoff;
 constexpr double kGradientAbsoluteFactor = 8 * kUnitRoundoff;

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Proves that the tests can fail: plants the bugs students make into copies of the flash steps
-(v6, v7, v8) and runs each copy through the GPU suite, in a normal build and, for the Hopper
+(v6, v7, v8, and v9, the backward) and runs each copy through the GPU suite, in a normal build and, for the Hopper
 steps, in the checked build of the asynchronous pipeline. Every copy must be caught by one of
 the two; the report says which caught which, and the checked build's line names the rule.
 
@@ -51,7 +51,7 @@ class Bug:
         return "90a" if self.hopper else "90"
 
 
-V6, V7, V8 = "v6_flash", "v7_tma_wgmma", "v8_warp_specialized"
+V6, V7, V8, V9 = "v6_flash", "v7_tma_wgmma", "v8_warp_specialized", "v9_flash_backward"
 KEY_MASK_TEST = "key mask*"  # tests/test_steps_gpu.cpp: real scores strongly negative
 BUGS = [
     # The arithmetic of the online softmax: the result check catches these.
@@ -80,6 +80,19 @@ BUGS = [
     Bug("v8lsepartial", V8, "L from one lane's share of the row sum",
         [("hopper::log_sum_exp(row_max[half], total, scale_log2)",
           "hopper::log_sum_exp(row_max[half], row_sum[half], scale_log2)", 1)]),
+    # The backward (v9): the maths of dS, an operand's layout, dQ's sum across blocks, the mask.
+    Bug("v9nodterm", V9, "dS without the D term (P o dP instead of P o (dP - D))",
+        [("p * (dp_acc[n][e] - dot[column])", "p * dp_acc[n][e]", 1)]),
+    Bug("v9transposed", V9, "dK from Q read untransposed (the product's operand in the wrong layout)",
+        [("ldmatrix_x4_trans(q_fragment, q_tile + b_offset);", "ldmatrix_x4(q_fragment, q_tile + b_offset);", 1)]),
+    Bug("v9noatomic", V9, "dQ added into the shared fp32 sum without atomics",
+        [("atomicAdd(dq_row + d * 8 + 2 * quad_lane, dq_acc[d][2 * half]);",
+          "dq_row[d * 8 + 2 * quad_lane] += dq_acc[d][2 * half];", 1),
+         ("atomicAdd(dq_row + d * 8 + 2 * quad_lane + 1, dq_acc[d][2 * half + 1]);",
+          "dq_row[d * 8 + 2 * quad_lane + 1] += dq_acc[d][2 * half + 1];", 1)]),
+    Bug("v9nodkscale", V9, "dK without the softmax's scale (dS^T Q, not scale dS^T Q)",
+        [("__floats2half2_rn(dk_acc[d][2 * half] * scale, dk_acc[d][2 * half + 1] * scale)",
+          "__floats2half2_rn(dk_acc[d][2 * half], dk_acc[d][2 * half + 1])", 1)]),
     # The asynchronous protocol: races that need unlucky timing to corrupt a result.
     Bug("v7fullwaitonce", V7, "waits for a stage's copy only the first time round the ring",
         [("kv_ring.wait_full(tile);", "if (tile < T::kStages) kv_ring.wait_full(tile);", 1)],
@@ -135,6 +148,9 @@ def build(args, bugs):
     harness = [
         os.path.join(args.build_dir, "tests/CMakeFiles/gpu_tests.dir/gpu_main.cpp.o"),
         os.path.join(args.build_dir, "tests/CMakeFiles/gpu_tests.dir/test_steps_gpu.cpp.o"),
+        os.path.join(args.build_dir, "tests/CMakeFiles/gpu_tests.dir/test_backward_gpu.cpp.o"),
+        # v6, the forward step v9's copies run first for O and L.
+        os.path.join(args.build_dir, "CMakeFiles/attn_v6.dir/steps/v6_flash/flash.cu.o"),
         os.path.join(args.build_dir, "reference/CMakeFiles/attn_eager.dir/eager_cublas.cu.o"),
         os.path.join(args.build_dir, "common/libattn_common.a"),
     ]
@@ -175,7 +191,7 @@ def build(args, bugs):
         if not objs:
             continue
         binary = os.path.join(args.out, name)
-        result = subprocess.run(link + [binary, harness[0], harness[1]] + objs + harness[2:] +
+        result = subprocess.run(link + [binary] + harness[:4] + objs + harness[4:] +
                                 ["-lcublas", "-lpthread"], capture_output=True, text=True)
         if result.returncode != 0:
             fail(f"linking {name} failed:\n{result.stderr}")

@@ -10,7 +10,7 @@ runs the fastest step that serves the call on the tensors' GPU (v8 on an H100, v
 chapters 07 and 10) and hands every other call to PyTorch's own function: masks, causal
 attention, dropout, grouped-query attention, dtypes other than float16, CPU tensors, head dims
 or token counts no step serves, keys of another length than the queries, and calls that need a
-gradient (no step has a backward yet). use_steps(verbose=True) says once per reason when that
+gradient at a head dim no backward step serves (v9 serves 64 and 128: autograd runs it). use_steps(verbose=True) says once per reason when that
 happens; never while torch.compile traces, where printing would break the graph.
 
 What serves which call is decided here, in plain Python over a table made when the module is
@@ -30,6 +30,7 @@ PREFERENCE = ("v8", "v7", "v6")
 _pytorch_sdpa = F.scaled_dot_product_attention  # PyTorch's own, whatever use_steps does later
 _attention_op = torch_op.load_if_built()  # None: not built, and no call is served by a step
 _plans = {}          # device index -> {head_dim: (step, largest N or None for any)}
+_backward_dims = {}  # device index -> head dims a backward step serves there
 _said = set()        # the fallback reasons already printed
 _settings = {"verbose": False}
 
@@ -50,6 +51,11 @@ def plan_for(device_index):
                         continue
                     plan[head_dim] = (step, library.max_tokens(step, head_dim))
         _plans[device_index] = plan
+        with torch.cuda.device(device_index):
+            _backward_dims[device_index] = {
+                head_dim for info in library.steps() if info.is_backward
+                for head_dim in info.head_dims
+                if library.refusal(info.id, (1, 1, 1, head_dim)) is None}
     return _plans[device_index]
 
 
@@ -75,18 +81,22 @@ def _why_not(query, key, value, attn_mask, dropout_p, is_causal):
         return None, f"{query.dim()}-D tensors (the steps take [B, H, N, D])"
     if not query.shape == key.shape == value.shape:  # grouped-query attention among them
         return None, "keys and values of another shape than the queries"
-    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
-        return None, "a call that needs a gradient (no step has a backward yet)"
     device_index = query.device.index
     if device_index not in _plans and torch.compiler.is_compiling():
         return None, "a GPU first seen while torch.compile traced (call plan_for(device) first)"
     served = plan_for(device_index).get(query.shape[-1])
     if served is None:
         return None, f"head dim {query.shape[-1]}"
+    if _needs_grad(tensors) and query.shape[-1] not in _backward_dims[device_index]:
+        return None, f"a gradient at head dim {query.shape[-1]} (no backward step serves it)"
     step, max_tokens = served
     if max_tokens is not None and query.shape[-2] > max_tokens:
         return None, f"{query.shape[-2]} tokens (more than {step} serves at this head dim)"
     return step, None
+
+
+def _needs_grad(tensors):
+    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
 
 
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0,
@@ -95,7 +105,9 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     (see the module's docstring), by PyTorch's otherwise."""
     step, reason = _why_not(query, key, value, attn_mask, dropout_p, is_causal)
     if step is not None:
-        return _attention_op(query, key, value, step, scale, None, False)[0]
+        # L only when autograd will keep it for the backward (v9 rebuilds P from it).
+        return _attention_op(query, key, value, step, scale, None,
+                             _needs_grad((query, key, value)))[0]
     if _settings["verbose"] and reason not in _said and not torch.compiler.is_compiling():
         _said.add(reason)
         print(f"attention_steps: PyTorch's scaled_dot_product_attention runs calls with {reason}")

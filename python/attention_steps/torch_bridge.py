@@ -12,8 +12,9 @@ StepSelfAttention: the block's own in-projection weights, the step's kernel on [
 and the block's own out-projection, so the model computes what it computed before.
 restore_attention(model) puts the original modules back.
 
-There is no backward yet: a forward on inputs that require grad saves O and L, and backward
-raises NotImplementedError saying so.
+Autograd: a forward on inputs that require grad keeps O and L, and backward runs the backward
+step that serves the head dim (v9, the FlashAttention-2 backward: 64 and 128); at another head
+dim backward raises NotImplementedError saying so.
 """
 import contextlib
 

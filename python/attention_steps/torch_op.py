@@ -38,6 +38,10 @@ def _fake_attention(q, k, v, step, scale=None, key_padding_mask=None, return_log
     return o, q.new_empty(rows, dtype=torch.float32)
 
 
+def _fake_attention_backward(d_o, q, k, v, o, log_sum_exp, step, scale=None):
+    return q.new_empty(q.shape), q.new_empty(q.shape), q.new_empty(q.shape)
+
+
 @functools.lru_cache(maxsize=None)
 def load():
     """Loads the operator (once) and returns torch.ops.attention_steps.attention; ImportError
@@ -48,6 +52,7 @@ def load():
         raise ImportError(f"the attention_steps operator is not built here ({error}): "
                           f"{BUILD_COMMAND}") from error
     torch.library.register_fake("attention_steps::attention")(_fake_attention)
+    torch.library.register_fake("attention_steps::attention_backward")(_fake_attention_backward)
     return torch.ops.attention_steps.attention
 
 

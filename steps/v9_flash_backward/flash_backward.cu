@@ -164,8 +164,10 @@ __global__ void __launch_bounds__(Tiles<kHeadDim>::kThreads)
   load_row_tile(0, 0);
   cp_async_commit();
 
-  // This warp's 16 keys: the rows of dK and dV it owns. Keys past N (the last tile's tail) get
-  // P = 0, so they add nothing to dQ.
+  // This warp's 16 keys: the rows of dK and dV it owns. Keys past N (the last tile's tail) need
+  // no mask: their K and V rows were loaded as zeros, so their dS meets a zero K row in dQ = dS K,
+  // and their own dK and dV rows are never written. Query rows past N likewise: zero Q and dO
+  // rows give them dP = 0 and add nothing to dK or dV.
   const int warp_key0 = warp * 16;
   const bool key_inside[2] = {key0 + warp_key0 + group < tokens, key0 + warp_key0 + group + 8 < tokens};
   float dk_acc[T::kDTiles][4] = {};
@@ -207,9 +209,7 @@ __global__ void __launch_bounds__(Tiles<kHeadDim>::kThreads)
     for (int n = 0; n < T::kRowTiles; ++n) {
       for (int e = 0; e < 4; ++e) {
         const int column = n * 8 + 2 * quad_lane + e % 2;
-        const float p = key_inside[e / 2]
-                            ? fast_exp2(fmaf(s_acc[n][e], scale_log2, -lse[column] * kLog2e))
-                            : 0.0f;
+        const float p = fast_exp2(fmaf(s_acc[n][e], scale_log2, -lse[column] * kLog2e));
         s_acc[n][e] = p;
         dp_acc[n][e] = p * (dp_acc[n][e] - dot[column]);
       }

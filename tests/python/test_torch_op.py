@@ -12,7 +12,9 @@
   - the SDPA-compatible entry point: a small model that calls F.scaled_dot_product_attention
     runs the steps after use_steps(), and what no step serves (a mask, a gradient) goes to
     PyTorch's, said once when asked;
-  - the clear errors: backward, cross-attention, a key-padding mask, a dtype.
+  - autograd: the forward steps that write L, then v9, against SDPA's math backend in fp64,
+    and a compiled training step without a graph break;
+  - the clear errors: a backward no step serves, cross-attention, a key-padding mask, a dtype.
 
 Needs the operator built (pip install --no-build-isolation ./python) and a CUDA device; exit 77
 (ctest: skipped) without torch, a GPU, or the operator, saying which.
@@ -251,11 +253,19 @@ class SdpaEntryPoint(Checks):
         with torch.inference_mode():
             torch.testing.assert_close(fallback, self.model(self.x, mask), rtol=0, atol=0)
 
-    def test_a_gradient_goes_to_pytorch(self):
-        steps.use_steps()
+    def test_training_runs_the_steps_both_ways(self):
         x = self.x.clone().requires_grad_()
-        self.model(x).float().sum().backward()  # PyTorch's SDPA has the backward
-        self.assertTrue(torch.isfinite(x.grad).all())
+        self.model(x).float().square().mean().backward()
+        stock = [x.grad.clone()] + [p.grad.clone() for p in self.model.parameters()]
+        x.grad = None
+        self.model.zero_grad()
+        steps.use_steps()
+        self.assertTrue(self.ran_steps(x))
+        self.model.zero_grad()
+        self.model(x).float().square().mean().backward()  # v9 in the backward
+        swapped = [x.grad] + [p.grad for p in self.model.parameters()]
+        for a, b in zip(swapped, stock):
+            self.assertLessEqual(((a.float() - b.float()).norm() / b.float().norm()).item(), 1e-2)
 
     def test_compiled_model_calls_the_operator(self):
         steps.use_steps()
@@ -267,13 +277,71 @@ class SdpaEntryPoint(Checks):
         self.assertTrue(any("attention_steps.attention" in t for t in targets), targets)
 
 
+class Gradients(unittest.TestCase):
+    """Autograd through the operator: the forward step, then v9, against SDPA's math backend in
+    fp64, with the tolerances of common/check.hpp for gradients (8u relative Frobenius; 8u times
+    the largest reference value, at least dV's, on any element)."""
+
+    def assert_gradients(self, step, shape, packed=False, scale=None):
+        torch.manual_seed(6)
+        if packed:
+            tensors = [t.detach().clone().requires_grad_() for t in packed_qkv(*shape)]
+        else:
+            tensors = [torch.randn(shape, device="cuda", dtype=torch.half, requires_grad=True)
+                       for _ in range(3)]
+        d_o = torch.randn(shape, device="cuda", dtype=torch.half)
+        out = steps.attention(*tensors, step=step, scale=scale)
+        got = torch.autograd.grad(out, tensors, d_o)
+        exact = [t.detach().double().requires_grad_() for t in tensors]
+        with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.MATH):
+            reference = F.scaled_dot_product_attention(*exact, scale=scale)
+        want = torch.autograd.grad(reference, exact, d_o.double())
+        floor = want[2].abs().max().item()
+        for name, g, w in zip(("dq", "dk", "dv"), got, want):
+            with self.subTest(gradient=name):
+                error = g.double() - w
+                self.assertTrue(torch.isfinite(g).all())
+                self.assertLessEqual((error.norm() / w.norm()).item(), 8 * UNIT_ROUNDOFF)
+                self.assertLessEqual(error.abs().max().item(),
+                                     8 * UNIT_ROUNDOFF * max(floor, w.abs().max().item()))
+
+    def test_every_forward_step_that_writes_l_then_v9(self):
+        for step, head_dim in served_steps():
+            if head_dim not in (64, 128) or not steps.load_library().step(step).writes_log_sum_exp:
+                continue
+            for tokens in (1, 65, 197):
+                with self.subTest(step=step, head_dim=head_dim, tokens=tokens):
+                    self.assert_gradients(step, (2, 3, tokens, head_dim))
+        with self.subTest("packed views, another scale"):
+            self.assert_gradients(fastest(64), (2, 3, 130, 64), packed=True, scale=0.3)
+
+    def test_compiled_training_step_has_no_graph_break(self):
+        step = fastest(64)
+
+        def loss(q, k, v):
+            return steps.attention(q, k, v, step=step).float().square().sum()
+
+        q, k, v = (torch.randn(2, 3, 65, 64, device="cuda", dtype=torch.half, requires_grad=True)
+                   for _ in range(3))
+        torch._dynamo.reset()
+        explained = torch._dynamo.explain(loss)(q, k, v)
+        self.assertEqual(explained.graph_break_count, 0, explained.break_reasons)
+        compiled = torch.compile(loss, fullgraph=True)
+        grads = torch.autograd.grad(compiled(q, k, v), (q, k, v))
+        expected = torch.autograd.grad(loss(q, k, v), (q, k, v))
+        for g, e in zip(grads, expected):
+            torch.testing.assert_close(g, e, rtol=1e-3, atol=1e-3)
+
+
 class ClearErrors(unittest.TestCase):
-    def test_backward_raises_one_clear_line(self):
-        q, k, v = (torch.randn(1, 2, 65, 64, device="cuda", dtype=torch.half, requires_grad=True)
+    def test_backward_where_no_backward_step_serves_raises_one_clear_line(self):
+        if ("v6", 80) not in served_steps(80):
+            self.skipTest("v6 does not run here")
+        q, k, v = (torch.randn(1, 2, 65, 80, device="cuda", dtype=torch.half, requires_grad=True)
                    for _ in range(3))
         out = steps.attention(q, k, v, step="v6")
         self.assertTrue(out.requires_grad)
-        with self.assertRaisesRegex(NotImplementedError, "no backward yet"):
+        with self.assertRaisesRegex(NotImplementedError, "no backward step serves head dim 80"):
             out.float().sum().backward()
 
     def test_what_no_step_serves_yet(self):

@@ -14,19 +14,22 @@
 // so the out-projection reads it without a copy; python/attention_steps/torch_op.py states the
 // same strides for torch.compile (its fake implementation).
 //
-// Autograd: a C++ autograd function saves O and L; its backward raises, in one line, until a
-// backward step exists.
+// Autograd: a C++ autograd function saves Q, K, V, O and L; its backward runs
+// attention_backward with the backward step that serves the head dim (v9), which rebuilds P from
+// L. attention_backward is an operator of its own, so torch.compile traces the backward too.
 #include <ATen/cuda/CUDAContext.h>
 #include <Python.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/autograd.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <mutex>
 #include <optional>
 #include <string>
 #include <tuple>
 #include <unordered_map>
+#include <vector>
 
 #include "attention_steps.h"
 
@@ -37,19 +40,41 @@ struct StepFacts {
   bool takes_strides = false;
   bool uses_workspace = false;
   bool writes_log_sum_exp = false;
+  bool is_backward = false;
+  std::vector<int> head_dims;
 };
 
-const StepFacts& facts_of(const std::string& id) {
+const std::unordered_map<std::string, StepFacts>& all_steps() {
   static const std::unordered_map<std::string, StepFacts> steps = [] {
     std::unordered_map<std::string, StepFacts> found;
     for (int index = 0; index < attn_step_count(); ++index) {
       attn_step_info info{};
       if (attn_step_get(index, &info) != ATTN_OK) continue;
       found[info.id] = StepFacts{info.takes_strides != 0, info.uses_workspace != 0,
-                                 info.writes_log_sum_exp != 0};
+                                 info.writes_log_sum_exp != 0, info.is_backward != 0,
+                                 std::vector<int>(info.head_dims, info.head_dims + info.head_dim_count)};
     }
     return found;
   }();
+  return steps;
+}
+
+// The backward step autograd runs after a forward step at this head dim: any that serves it
+// (P is rebuilt from L, which every step that writes L writes alike), the lowest-numbered.
+std::optional<std::string> backward_step_for(int64_t head_dim) {
+  std::optional<std::string> chosen;
+  for (const auto& [id, facts] : all_steps()) {
+    if (facts.is_backward &&
+        std::find(facts.head_dims.begin(), facts.head_dims.end(), head_dim) != facts.head_dims.end() &&
+        (!chosen || id < *chosen)) {
+      chosen = id;
+    }
+  }
+  return chosen;
+}
+
+const StepFacts& facts_of(const std::string& id) {
+  const auto& steps = all_steps();
   const auto step = steps.find(id);
   if (step == steps.end()) {
     std::string known;
@@ -62,8 +87,11 @@ const StepFacts& facts_of(const std::string& id) {
   return step->second;
 }
 
-// "[2, 65, 64]". Written out, not streamed as sizes(): streaming an IntArrayRef into the
-// message of a failed check crashed the process on the H100 machine (torch 2.11, Python 3.12).
+// "[2, 65, 64]". Numbers go into the messages of failed checks as text made here
+// (std::to_string), never streamed by the check itself: on the H100 machine (torch 2.11, Python
+// 3.12, the operator built there) a check whose message streamed an integer crashed the process,
+// twice (an IntArrayRef, then an int64_t), where every check that streamed only text, a dtype
+// or a device raised its exception.
 std::string shape_text(const at::Tensor& tensor) {
   std::string text = "[";
   for (int64_t dim = 0; dim < tensor.dim(); ++dim) {
@@ -121,7 +149,7 @@ std::tuple<at::Tensor, at::Tensor> attention_kernel(const at::Tensor& q, const a
                     "attention_steps: q ", shape_text(q), " and k ", shape_text(k),
                     " must agree in B, H and D");
   TORCH_CHECK_VALUE(!scale.has_value() || *scale > 0.0, "attention_steps: scale must be "
-                    "positive; got ", scale.value_or(0.0));
+                    "positive; got ", std::to_string(scale.value_or(0.0)));
   TORCH_CHECK_VALUE(!return_log_sum_exp || facts.writes_log_sum_exp, "attention_steps: ", id,
                     " does not write L (the log-sum-exp); steps that do: v6, v7, v8");
 
@@ -183,8 +211,62 @@ std::tuple<at::Tensor, at::Tensor> attention_kernel(const at::Tensor& q, const a
   return {o, log_sum_exp};
 }
 
-// The autograd kernel: saves what a backward needs (Q, K, V, O and L) and, until a backward step
-// exists, refuses in backward rather than returning zeros.
+// attention_backward: dQ, dK, dV by backward step `step` from dO and what the forward saved.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_kernel(
+    const at::Tensor& d_o, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+    const at::Tensor& o, const at::Tensor& log_sum_exp, c10::string_view step,
+    std::optional<double> scale) {
+  const std::string id(step);
+  const StepFacts& facts = facts_of(id);
+  TORCH_CHECK_VALUE(facts.is_backward, "attention_steps: ", id, " is not a backward step");
+  for (const auto& [name, tensor] : {std::pair<const char*, const at::Tensor*>{"d_o", &d_o},
+                                     {"q", &q}, {"k", &k}, {"v", &v}, {"o", &o}}) {
+    check_tensor(name, *tensor, q);
+  }
+  TORCH_CHECK_VALUE(k.sizes() == q.sizes() && v.sizes() == q.sizes() && o.sizes() == q.sizes() &&
+                        d_o.sizes() == q.sizes(),
+                    "attention_steps: the backward takes q, k, v, o and d_o of one shape");
+  TORCH_CHECK_VALUE(log_sum_exp.scalar_type() == at::kFloat && log_sum_exp.numel() == q.numel() / q.size(3),
+                    "attention_steps: the backward needs L, fp32 [B, H, N], from a forward run "
+                    "with return_log_sum_exp=True");
+  const c10::cuda::CUDAGuard device_guard(q.device());
+  const at::Tensor q_in = q.contiguous(), k_in = k.contiguous(), v_in = v.contiguous(),
+                   o_in = o.contiguous(), d_o_in = d_o.contiguous(), lse_in = log_sum_exp.contiguous();
+  at::Tensor dq = at::empty_like(q_in), dk = at::empty_like(q_in), dv = at::empty_like(q_in);
+  attn_backward_args call{};
+  call.q = q_in.data_ptr();
+  call.k = k_in.data_ptr();
+  call.v = v_in.data_ptr();
+  call.o = o_in.data_ptr();
+  call.d_o = d_o_in.data_ptr();
+  call.log_sum_exp = lse_in.data_ptr();
+  call.dq = dq.data_ptr();
+  call.dk = dk.data_ptr();
+  call.dv = dv.data_ptr();
+  call.batch = q.size(0);
+  call.heads = q.size(1);
+  call.tokens = q.size(2);
+  call.head_dim = q.size(3);
+  call.scale = scale.value_or(0.0);
+  call.stream = at::cuda::getCurrentCUDAStream(q.get_device()).stream();
+  call.pointers_checked_by_caller = 1;
+  at::Tensor workspace;
+  size_t bytes = 0;
+  if (attn_workspace_bytes(id.c_str(), call.batch, call.heads, call.tokens, call.head_dim, &bytes,
+                           nullptr, 0) == ATTN_OK && bytes > 0) {
+    workspace = at::empty({int64_t(bytes)}, q.options().dtype(at::kByte));
+    call.workspace = workspace.data_ptr();
+    call.workspace_bytes = bytes;
+  }
+  char message[1024];
+  const int status = attn_launch_backward(id.c_str(), &call, message, sizeof message);
+  TORCH_CHECK_VALUE(status != ATTN_REFUSED, "attention_steps: ", message);
+  TORCH_CHECK(status == ATTN_OK, "attention_steps: ", message);
+  return {dq, dk, dv};
+}
+
+// The autograd kernel: saves what a backward needs (Q, K, V, O and L); its backward runs the
+// backward step that serves the head dim, or says in one line why none can.
 class AttentionFunction : public torch::autograd::Function<AttentionFunction> {
  public:
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* context,
@@ -200,16 +282,30 @@ class AttentionFunction : public torch::autograd::Function<AttentionFunction> {
     auto [o, log_sum_exp] = op.call(q, k, v, step, scale, key_padding_mask, return_log_sum_exp);
     context->save_for_backward({q, k, v, o, log_sum_exp});
     context->saved_data["step"] = step;
+    context->saved_data["scale"] = scale.has_value() ? c10::IValue(*scale) : c10::IValue();
     context->mark_non_differentiable({log_sum_exp});
     return {o, log_sum_exp};
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* context,
-                                                 const torch::autograd::variable_list&) {
-    TORCH_CHECK_NOT_IMPLEMENTED(false, "attention_steps: step ",
-                                context->saved_data["step"].toStringRef(),
-                                " has no backward yet; train with "
+                                                 const torch::autograd::variable_list& grads) {
+    const auto saved = context->get_saved_variables();
+    const at::Tensor &q = saved[0], &k = saved[1], &v = saved[2], &o = saved[3], &lse = saved[4];
+    const std::string step = context->saved_data["step"].toStringRef();
+    const std::optional<std::string> backward = backward_step_for(q.size(3));
+    TORCH_CHECK_NOT_IMPLEMENTED(backward.has_value(), "attention_steps: no backward step serves "
+                                "head dim ", std::to_string(q.size(3)), "; train with "
                                 "torch.nn.functional.scaled_dot_product_attention");
+    TORCH_CHECK_NOT_IMPLEMENTED(lse.numel() > 0, "attention_steps: the forward (", step,
+                                ") kept no L; call it with return_log_sum_exp=True, as "
+                                "attention_steps.attention does when a gradient is needed");
+    static const auto op = c10::Dispatcher::singleton()
+                               .findSchemaOrThrow("attention_steps::attention_backward", "")
+                               .typed<decltype(attention_backward_kernel)>();
+    const c10::IValue& scale = context->saved_data["scale"];
+    auto [dq, dk, dv] = op.call(grads[0], q, k, v, o, lse, *backward,
+                                scale.isNone() ? std::nullopt : std::optional<double>(scale.toDouble()));
+    return {dq, dk, dv, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -228,9 +324,14 @@ std::tuple<at::Tensor, at::Tensor> attention_autograd(const at::Tensor& q, const
 TORCH_LIBRARY(attention_steps, m) {
   m.def("attention(Tensor q, Tensor k, Tensor v, str step, float? scale=None, "
         "Tensor? key_padding_mask=None, bool return_log_sum_exp=False) -> (Tensor, Tensor)");
+  m.def("attention_backward(Tensor d_o, Tensor q, Tensor k, Tensor v, Tensor o, "
+        "Tensor log_sum_exp, str step, float? scale=None) -> (Tensor, Tensor, Tensor)");
 }
 
-TORCH_LIBRARY_IMPL(attention_steps, CUDA, m) { m.impl("attention", &attention_kernel); }
+TORCH_LIBRARY_IMPL(attention_steps, CUDA, m) {
+  m.impl("attention", &attention_kernel);
+  m.impl("attention_backward", &attention_backward_kernel);
+}
 
 // On CPU tensors the same function, for its checks: "q is on cpu; the steps run on CUDA tensors"
 // rather than the dispatcher's "could not run with arguments from the 'CPU' backend".

@@ -1,0 +1,113 @@
+#!/usr/bin/env python3
+"""The backward of attention, step v9 beside PyTorch's SDPA backward (FlashAttention-2 and cuDNN),
+in one process, on the GPU, fp16 [B, H, N, D]:
+
+  v9        torch.ops.attention_steps.attention_backward (D = rowsum(dO o O), the kernel, dQ's
+            conversion), after the forward (v6, with L) ran once outside the timing
+  flash     torch.autograd.grad of F.scaled_dot_product_attention under SDPBackend.FLASH_ATTENTION
+  cudnn     the same under SDPBackend.CUDNN_ATTENTION
+
+Each is timed in windows of back-to-back calls between two CUDA events; the implementations
+alternate window by window, and the row holds the median of the windows and their extremes.
+FLOPs of a backward are counted as FlashAttention counts them: 2.5 times the forward's
+4 B H N^2 D. Every row also checks v9's dQ, dK, dV against SDPA's math backend in fp32 on the
+same inputs (relative Frobenius error of each).
+
+    python3 scripts/compare_backward.py --csv docs/results/h100/backward.csv
+"""
+import argparse
+import csv
+import statistics
+import sys
+
+SHAPES = [(32, 12, 197, 64), (32, 12, 577, 64), (32, 12, 1025, 64), (8, 12, 4097, 64),
+          (8, 16, 4097, 128)]
+FIELDS = ["batch", "heads", "tokens", "head_dim", "implementation", "median_us", "low_us",
+          "high_us", "windows", "tflops", "vs_flash", "vs_cudnn", "note"]
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--csv", required=True)
+    parser.add_argument("--windows", type=int, default=7)
+    parser.add_argument("--calls", type=int, default=10, help="calls per window")
+    parser.add_argument("--shapes", default="",
+                        help="B,H,N,D;... (default: the five of chapter 12)")
+    args = parser.parse_args(argv)
+    shapes = [tuple(int(x) for x in part.split(",")) for part in args.shapes.split(";") if part] \
+        or SHAPES
+
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from attention_steps import torch_op
+    if not torch.cuda.is_available():
+        print("torch sees no CUDA device: nothing measured", file=sys.stderr)
+        return 77
+    attention = torch_op.load()
+    backward = torch.ops.attention_steps.attention_backward
+    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, cuDNN "
+          f"{torch.backends.cudnn.version()}", flush=True)
+    out = open(args.csv, "w", newline="")
+    writer = csv.DictWriter(out, fieldnames=FIELDS)
+    writer.writeheader()
+    for shape in shapes:
+        batch, heads, tokens, head_dim = shape
+        torch.manual_seed(0)
+        q, k, v, d_o = (torch.randn(shape, device="cuda", dtype=torch.half) for _ in range(4))
+        o, lse = attention(q, k, v, "v6", None, None, True)
+
+        def v9():
+            return backward(d_o, q, k, v, o, lse, "v9")
+
+        leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+
+        def sdpa_backward(backend):
+            with sdpa_kernel(backend):
+                result = F.scaled_dot_product_attention(*leaves)
+
+            def run():
+                return torch.autograd.grad(result, leaves, d_o, retain_graph=True)
+            return run
+
+        calls = {"v9": v9, "flash": sdpa_backward(SDPBackend.FLASH_ATTENTION),
+                 "cudnn": sdpa_backward(SDPBackend.CUDNN_ATTENTION)}
+        # The check: v9 against SDPA's math backend in fp32.
+        exact = [t.detach().float().requires_grad_() for t in (q, k, v)]
+        with sdpa_kernel(SDPBackend.MATH):
+            want = torch.autograd.grad(F.scaled_dot_product_attention(*exact), exact, d_o.float())
+        errors = [((g.float() - w).norm() / w.norm()).item() for g, w in zip(v9(), want)]
+        windows = {name: [] for name in calls}
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        for window in range(args.windows + 1):  # the first round warms and is not kept
+            for name, call in calls.items():
+                start.record()
+                for _ in range(args.calls):
+                    call()
+                end.record()
+                end.synchronize()
+                if window > 0:
+                    windows[name].append(start.elapsed_time(end) * 1000 / args.calls)
+        medians = {name: statistics.median(values) for name, values in windows.items()}
+        flops = 2.5 * 4.0 * batch * heads * tokens * tokens * head_dim
+        for name, values in windows.items():
+            row = {"batch": batch, "heads": heads, "tokens": tokens, "head_dim": head_dim,
+                   "implementation": name, "median_us": f"{medians[name]:.1f}",
+                   "low_us": f"{min(values):.1f}", "high_us": f"{max(values):.1f}",
+                   "windows": len(values), "tflops": f"{flops / medians[name] / 1e6:.1f}",
+                   "vs_flash": f"{medians[name] / medians['flash']:.3f}",
+                   "vs_cudnn": f"{medians[name] / medians['cudnn']:.3f}",
+                   "note": ("dQ, dK, dV relative error vs fp32 math: " +
+                            ", ".join(f"{e:.2e}" for e in errors)) if name == "v9" else ""}
+            writer.writerow(row)
+            out.flush()
+            print(", ".join(f"{key}={value}" for key, value in row.items() if value != ""),
+                  flush=True)
+        del calls, leaves
+        torch.cuda.empty_cache()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
