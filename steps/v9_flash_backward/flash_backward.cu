@@ -3,7 +3,7 @@
 // dS in device memory: P is rebuilt from L, tile by tile, exactly as the forward made it.
 //
 //   1. D_i = dO_i . O_i for every row (a small kernel): the softmax's Jacobian, one number a row.
-//   2. One block per K/V tile of 64 keys (16 per warp) walks every Q tile of the slice:
+//   2. One block per K/V tile (16 keys per warp) walks every Q tile of the slice:
 //        S^T = K Q^T            P^T = exp(S^T scale - L)          (registers)
 //        dV += P^T dO           dP^T = V dO^T                      (registers)
 //        dS^T = P^T o (dP^T - D)
@@ -49,12 +49,19 @@ constexpr float kLog2e = 1.4426950408889634f;
 
 // ---- Tile geometry --------------------------------------------------------------------------
 
-template <int kHeadDim>
+// kWarps warps own 16 keys each: a block's K/V tile has 16 kWarps keys. For dQ = dS K, 64 query
+// rows by D columns, the warps split the rows in four groups of 16 and, with 8 warps, the columns
+// in two halves.
+template <int kHeadDimValue, int kWarpsValue>
 struct Tiles {
-  static constexpr int kWarps = 4;
+  static constexpr int kHeadDim = kHeadDimValue;
+  static constexpr int kWarps = kWarpsValue;
   static constexpr int kThreads = 32 * kWarps;
   static constexpr int kBlockN = 16 * kWarps;  // keys per block: 16 per warp
   static constexpr int kBlockM = 64;           // query rows per step of the walk
+  static constexpr int kDqColumnGroups = kWarps / 4;
+  static constexpr int kDqTiles = kHeadDim / 8 / kDqColumnGroups;  // n-tiles of a warp's dQ
+  static_assert(kWarps == 4 || kWarps == 8, "dQ's 64 rows go to 4 warps, or 8 with D halved");
   static constexpr int kStride = kHeadDim + 8;  // padded 16 B: ldmatrix conflict-free
   static constexpr int kDsStride = kBlockN + 8;
   static constexpr int kDChunks = kHeadDim / 16;   // k-steps over D
@@ -120,8 +127,8 @@ __global__ void row_dot_kernel(const __half* __restrict__ o, const __half* __res
 
 // ---- 2. dK, dV per K/V tile; dQ added up across tiles ------------------------------------------
 
-template <int kHeadDim>
-__global__ void __launch_bounds__(Tiles<kHeadDim>::kThreads)
+template <int kHeadDim, int kWarps>
+__global__ void __launch_bounds__(Tiles<kHeadDim, kWarps>::kThreads)
     flash_backward_kernel(const __half* __restrict__ q, const __half* __restrict__ k,
                           const __half* __restrict__ v, const __half* __restrict__ d_o,
                           const float* __restrict__ log_sum_exp, const float* __restrict__ row_dot,
@@ -131,7 +138,7 @@ __global__ void __launch_bounds__(Tiles<kHeadDim>::kThreads)
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
   return;  // cp.async and mma.m16n8k16 need sm_80; the registration says 8.0
 #else
-  using T = Tiles<kHeadDim>;
+  using T = Tiles<kHeadDim, kWarps>;
   extern __shared__ __align__(16) unsigned char shared_bytes[];
   __half* k_tile = reinterpret_cast<__half*>(shared_bytes);
   __half* v_tile = k_tile + T::kTileHalves;
@@ -248,27 +255,34 @@ __global__ void __launch_bounds__(Tiles<kHeadDim>::kThreads)
     }
     __syncthreads();
 
-    // dQ (16 query rows per warp) += dS K over the block's 64 keys, then into the fp32 sum.
-    float dq_acc[T::kDTiles][4] = {};
+    // dQ += dS K over the block's keys, a warp's 16 query rows and its share of the columns,
+    // then into the fp32 sum.
+    const int dq_row0 = (warp % 4) * 16, dq_column0 = (warp / 4) * T::kDqTiles * 8;
+    float dq_acc[T::kDqTiles][4] = {};
     for (int c = 0; c < T::kKeyChunks; ++c) {
       uint32_t ds_fragment[4];
-      ldmatrix_x4(ds_fragment, ds_tile + (warp * 16 + lane % 16) * T::kDsStride + c * 16 + (lane / 16) * 8);
-      for (int pair = 0; pair < T::kDTiles / 2; ++pair) {
+      ldmatrix_x4(ds_fragment, ds_tile + (dq_row0 + lane % 16) * T::kDsStride + c * 16 + (lane / 16) * 8);
+      for (int pair = 0; pair < T::kDqTiles / 2; ++pair) {
         uint32_t k_fragment[4];
         ldmatrix_x4_trans(k_fragment, k_tile + (c * 16 + lane % 8 + ((lane / 8) % 2) * 8) * T::kStride +
-                                          pair * 16 + (lane / 16) * 8);
+                                          dq_column0 + pair * 16 + (lane / 16) * 8);
         mma_16x8x16(dq_acc[2 * pair], ds_fragment, k_fragment[0], k_fragment[1]);
         mma_16x8x16(dq_acc[2 * pair + 1], ds_fragment, k_fragment[2], k_fragment[3]);
       }
     }
     // BEGIN EXERCISE: add this block's share of dQ into the fp32 sum every K/V tile adds to
     for (int half = 0; half < 2; ++half) {
-      const int row = row_tile * T::kBlockM + warp * 16 + group + 8 * half;
+      const int row = row_tile * T::kBlockM + dq_row0 + group + 8 * half;
       if (row >= tokens) continue;
-      float* dq_row = dq_sum + (slice * tokens + row) * kHeadDim;
-      for (int d = 0; d < T::kDTiles; ++d) {
+      float* dq_row = dq_sum + (slice * tokens + row) * kHeadDim + dq_column0;
+      for (int d = 0; d < T::kDqTiles; ++d) {
+#if __CUDA_ARCH__ >= 900  // one vector atomic for the pair (red.global.add.v2.f32)
+        atomicAdd(reinterpret_cast<float2*>(dq_row + d * 8 + 2 * quad_lane),
+                  make_float2(dq_acc[d][2 * half], dq_acc[d][2 * half + 1]));
+#else
         atomicAdd(dq_row + d * 8 + 2 * quad_lane, dq_acc[d][2 * half]);
         atomicAdd(dq_row + d * 8 + 2 * quad_lane + 1, dq_acc[d][2 * half + 1]);
+#endif
       }
     }
     // END EXERCISE
@@ -307,9 +321,9 @@ std::size_t workspace_bytes_needed(const attn::Shape& shape) {
          std::size_t(shape.slices() * shape.tokens) * sizeof(float);
 }
 
-template <int kHeadDim>
+template <typename T>
 void launch_for(const attn::BackwardArgs& args) {
-  using T = Tiles<kHeadDim>;
+  constexpr int kHeadDim = T::kHeadDim;
   const int64_t rows = int64_t(args.batch) * args.heads * args.tokens;
   const int64_t elements = rows * kHeadDim;
   float* dq_sum = static_cast<float*>(args.workspace);
@@ -320,7 +334,7 @@ void launch_for(const attn::BackwardArgs& args) {
       args.o, args.d_o, row_dot, rows, kHeadDim);
   CUDA_CHECK_LAUNCH();
 
-  auto kernel = flash_backward_kernel<kHeadDim>;
+  auto kernel = flash_backward_kernel<kHeadDim, T::kWarps>;
   CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                   int(T::kSharedBytes)));
   const int key_tiles = (args.tokens + T::kBlockN - 1) / T::kBlockN;
@@ -337,18 +351,35 @@ void launch_for(const attn::BackwardArgs& args) {
   CUDA_CHECK_LAUNCH();
 }
 
-void launch_flash_backward(const attn::BackwardArgs& args) {
-  switch (args.head_dim) {
-    case 64: return launch_for<64>(args);
-    case 128: return launch_for<128>(args);
+// Warps per block (16 keys each) at each head dim, chosen by measurement (chapter 12). A define
+// replaces one: -DATTN_V9_WARPS_D64=4.
+#ifndef ATTN_V9_WARPS_D64
+#define ATTN_V9_WARPS_D64 8
+#endif
+#ifndef ATTN_V9_WARPS_D128
+#define ATTN_V9_WARPS_D128 8
+#endif
+
+// Calls body(Tiles<...>) with the tile shape of this head dim.
+template <typename Body>
+void with_tile_shape(int64_t head_dim, Body&& body) {
+  switch (head_dim) {
+    case 64: return body(Tiles<64, ATTN_V9_WARPS_D64>{});
+    case 128: return body(Tiles<128, ATTN_V9_WARPS_D128>{});
     default:  // the registration's head dims are these: the harness refuses any other first
-      throw std::logic_error("v9 has no tile shape for head dim " + std::to_string(args.head_dim));
+      throw std::logic_error("v9 has no tile shape for head dim " + std::to_string(head_dim));
   }
+}
+
+void launch_flash_backward(const attn::BackwardArgs& args) {
+  with_tile_shape(args.head_dim, [&](auto tiles) { launch_for<decltype(tiles)>(args); });
 }
 
 // Independent of N: K, V, two stages of Q, dO, L and D, and dS.
 std::size_t shared_bytes_needed(const attn::Shape& shape) {
-  return shape.head_dim == 64 ? Tiles<64>::kSharedBytes : Tiles<128>::kSharedBytes;
+  std::size_t bytes = 0;
+  with_tile_shape(shape.head_dim, [&](auto tiles) { bytes = decltype(tiles)::kSharedBytes; });
+  return bytes;
 }
 
 }  // namespace

@@ -254,15 +254,18 @@ class SdpaEntryPoint(Checks):
             torch.testing.assert_close(fallback, self.model(self.x, mask), rtol=0, atol=0)
 
     def test_training_runs_the_steps_both_ways(self):
+        # A loss whose gradients are of order 1 (a mean's would be 1e-5 and lose most of their
+        # bits in fp16), with random weights so that nothing cancels by symmetry.
+        weights = torch.randn(self.x.shape, device="cuda")
         x = self.x.clone().requires_grad_()
-        self.model(x).float().square().mean().backward()
+        (self.model(x).float() * weights).sum().backward()
         stock = [x.grad.clone()] + [p.grad.clone() for p in self.model.parameters()]
         x.grad = None
         self.model.zero_grad()
         steps.use_steps()
         self.assertTrue(self.ran_steps(x))
         self.model.zero_grad()
-        self.model(x).float().square().mean().backward()  # v9 in the backward
+        (self.model(x).float() * weights).sum().backward()  # v9 in the backward
         swapped = [x.grad] + [p.grad for p in self.model.parameters()]
         for a, b in zip(swapped, stock):
             self.assertLessEqual(((a.float() - b.float()).norm() / b.float().norm()).item(), 1e-2)
@@ -301,7 +304,9 @@ class Gradients(unittest.TestCase):
             with self.subTest(gradient=name):
                 error = g.double() - w
                 self.assertTrue(torch.isfinite(g).all())
-                self.assertLessEqual((error.norm() / w.norm()).item(), 8 * UNIT_ROUNDOFF)
+                # dQ and dK vanish at N = 1: the error is then measured as it is (check.cpp).
+                relative = error.norm() / w.norm() if w.norm() > 0 else error.norm()
+                self.assertLessEqual(relative.item(), 8 * UNIT_ROUNDOFF)
                 self.assertLessEqual(error.abs().max().item(),
                                      8 * UNIT_ROUNDOFF * max(floor, w.abs().max().item()))
 
