@@ -59,7 +59,7 @@ setup(
     version="0.4.0",
     description="Self-attention for Vision Transformers in CUDA, step by step: the steps from Python",
     packages=["attention_steps"],
-    package_data={"attention_steps": ["csrc/*.cpp"]},
+    package_data={"attention_steps": ["csrc/*.cpp", "data/*.npz", "data/README.md"]},
     ext_modules=extensions,
     cmdclass=command_classes,
     python_requires=">=3.8",

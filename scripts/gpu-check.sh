@@ -31,6 +31,10 @@
 #              scripts/torch_op_bench.py with TORCH_OP_ARGS: host time per call beside SDPA, a
 #              CUDA graph, graph breaks, vit_b_16 images/s eager and compiled
 #                                              -> torch_op.csv, torch_op_build.log, torch_op_tests.log
+#   backward   step 9 (the backward) beside SDPA's FlashAttention-2 and cuDNN backward at the five
+#              backward shapes, one process (scripts/compare_backward.py)  -> backward.csv
+#   training   a small ViT trained on the digits with the steps and stock, and vit_b_16 training
+#              steps (scripts/train_digits.py)     -> training_digits.csv/.txt, training_vit_b_16.csv
 #   vit        the PyTorch bridge's GPU tests (tests/python/test_torch_bridge.py --gpu), then
 #              whole torchvision ViTs with each step swapped in, through libattention_steps.so
 #              (scripts/vit_end_to_end.py), when torch and torchvision import; about 4 minutes,
@@ -45,7 +49,7 @@
 #   PLANTED_ONLY         the planted bugs to run, as plant_bugs.py --only takes them (default: all)
 #   LSE_STEPS            the steps the lse stage times (default: v6,v7,v8, those that write L)
 #   LSE_WINDOWS          its alternating windows (default 2)
-#   STAGES               default: info tests checked planted sanitizer bench lse profile pytorch torch vit
+#   STAGES               default: info tests checked planted sanitizer bench lse profile pytorch torch backward training vit
 #   TORCH_OP_ARGS        more arguments for scripts/torch_op_bench.py (e.g. --sizes 224 --parts host)
 #   PYTHON               interpreter for profile, pytorch and vit (default: python3)
 #   VIT_ARGS             more arguments for scripts/vit_end_to_end.py (e.g. --quick)
@@ -96,7 +100,7 @@ LONG_SHAPE_BUDGET_S=${LONG_SHAPE_BUDGET_S:-25}
 TEST_JOBS=${TEST_JOBS:-4}
 TIME_LIMIT_S=${TIME_LIMIT_S:-540}
 
-all_stages=(info tests checked planted sanitizer bench lse profile pytorch torch vit)
+all_stages=(info tests checked planted sanitizer bench lse profile pytorch torch backward training vit)
 IFS=', ' read -r -a stages <<< "${STAGES:-${all_stages[*]}}"  # "a,b" and "a b" both work
 for stage in "${stages[@]}"; do
   case " ${all_stages[*]} " in
@@ -537,7 +541,11 @@ stage_pytorch() {
   return "$rc"
 }
 
-stage_torch() {
+# The stages that use the PyTorch operator: torch and CUDA present, and the operator installed
+# (once a run, by the first of them) into $site, a folder of this run that the end removes.
+site="$OUTDIR/torch-site"
+trap 'rm -rf "$site"' EXIT
+with_operator() {
   if ! "$PYTHON" -c 'import torch, torchvision' 2>/dev/null; then
     echo "skipped: torch and torchvision do not import with $PYTHON"
     return "$kSkipped"
@@ -547,17 +555,21 @@ stage_torch() {
     return "$kSkipped"
   fi
   [ -f "$BUILD_DIR/libattention_steps.so" ] || { echo "no $BUILD_DIR/libattention_steps.so (build the attention_steps target)"; return 1; }
-  local site="$OUTDIR/torch-site"
-  rm -rf "$site" python/build python/*.egg-info  # a clean build: its time is the one to report
+  [ -d "$site/attention_steps" ] && return 0
+  rm -rf python/build python/*.egg-info  # a clean build: its time is the one to report
   echo "## pip install --no-build-isolation ./python (into $site)"
   local started=$(date +%s)
   ATTENTION_STEPS_BUILD_DIR="$BUILD_DIR" timeout "$(limit 300)" "$PYTHON" -m pip install \
     --no-build-isolation --no-deps --target "$site" ./python > "$OUTDIR/torch_op_build.log" 2>&1 ||
-    { tail -n 30 "$OUTDIR/torch_op_build.log"; echo "the operator did not build"; return 1; }
+    { tail -n 30 "$OUTDIR/torch_op_build.log"; echo "the operator did not build"; rm -rf "$site"; return 1; }
   echo "built and installed in $(( $(date +%s) - started )) s"
   cp "$site"/attention_steps/_operator*.so python/attention_steps/  # for the vit stage (git ignores it)
   rm -rf python/build python/*.egg-info
   echo
+}
+
+stage_torch() {
+  with_operator || return $?
   echo "## the operator's tests (tests/python/test_torch_op.py, test_torch_bridge.py --gpu)"
   local rc=0
   for test in test_torch_op.py "test_torch_bridge.py --gpu"; do
@@ -573,19 +585,24 @@ stage_torch() {
   local left=$(( deadline - $(date +%s) - 15 ))
   PYTHONPATH="$site" timeout "$(limit 600)" "$PYTHON" scripts/torch_op_bench.py \
     --csv "$OUTDIR/torch_op.csv" --budget-s "$(( left > 60 ? left - 60 : 0 ))" "${extra[@]}" || rc=1
-  rm -rf "$site"
   return "$rc"
 }
 
+stage_backward() {
+  with_operator || return $?
+  echo "## scripts/compare_backward.py: v9 beside SDPA's FlashAttention-2 and cuDNN backward"
+  PYTHONPATH="$site" timeout "$(limit 300)" "$PYTHON" scripts/compare_backward.py \
+    --csv "$OUTDIR/backward.csv"
+}
+
+stage_training() {
+  with_operator || return $?
+  echo "## scripts/train_digits.py: a small ViT on the digits, stock and with the steps; vit_b_16 training steps"
+  PYTHONPATH="$site" timeout "$(limit 400)" "$PYTHON" scripts/train_digits.py --out-dir "$OUTDIR"
+}
+
 stage_vit() {
-  if ! "$PYTHON" -c 'import torch, torchvision' 2>/dev/null; then
-    echo "skipped: torch and torchvision do not import with $PYTHON"
-    return "$kSkipped"
-  fi
-  if ! "$PYTHON" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
-    echo "skipped: torch $("$PYTHON" -c 'import torch; print(torch.__version__)') sees no CUDA device"
-    return "$kSkipped"
-  fi
+  with_operator || return $?  # the bridge's tests and the script use the checkout's package
   local library="$BUILD_DIR/libattention_steps.so"
   [ -f "$library" ] || { echo "no $library (build the attention_steps target)"; return 1; }
   local left=$(( deadline - $(date +%s) ))
@@ -615,12 +632,14 @@ stage_vit() {
 declare -A stage_file=(
   [info]=info.txt [tests]=tests.log [checked]=checked.log [planted]=planted.log
   [sanitizer]=sanitizer.log [bench]=bench.log [lse]=lse.log
-  [profile]=profile.log [pytorch]=pytorch.log [torch]=torch.log [vit]=vit.log)
+  [profile]=profile.log [pytorch]=pytorch.log [torch]=torch.log [backward]=backward.log
+  [training]=training.log [vit]=vit.log)
 declare -A stage_results=(
   [info]="" [tests]=tests_junit.xml [checked]="" [planted]="planted.csv planted.txt"
   [sanitizer]=sanitizer/ [bench]="bench_vit.csv bench_long.csv" [lse]=lse.csv
   [profile]="profile.csv profile/" [pytorch]="pytorch.csv pytorch_info.txt"
-  [torch]="torch_op.csv torch_op_tests.log torch_op_build.log"
+  [torch]="torch_op.csv torch_op_tests.log torch_op_build.log" [backward]=backward.csv
+  [training]="training_digits.csv training_digits.txt training_vit_b_16.csv"
   [vit]="vit_end_to_end.csv vit_end_to_end_kernels.csv vit_end_to_end_info.txt")
 
 summary=()

@@ -1,0 +1,213 @@
+#!/usr/bin/env python3
+"""Training with the steps, for real, on a GPU.
+
+digits  A small ViT (torchvision's VisionTransformer: 32 x 32 images in 2 x 2 patches, so
+        N = 257 tokens, 4 layers, 4 heads of D = 64) learns scikit-learn's handwritten digits
+        (shipped in the package: python/attention_steps/data/digits.npz), upsampled from 8 x 8.
+        Three runs of the same recipe (AdamW, fp16 autocast with a gradient scaler, batch 64):
+          stock  seed 0     PyTorch's attention
+          stock  seed 1     the same with another seed: another initialisation, another data order
+          steps  seed 0     the steps in every block (swap_attention: the forward step, then v9
+                            in the backward), the initialisation and data order of stock seed 0
+        The steps' curve must track stock seed 0's: the running mean (20 steps) of their losses'
+        difference must stay below the largest running mean of the two stock seeds' difference,
+        the variation the recipe itself has. Test accuracy of each run on the held-out 20%.
+vit     One training step of torchvision's vit_b_16 (forward, backward, AdamW) in fp16 autocast
+        with a gradient scaler, batch 32, at each image size: images/s (CUDA events, median of
+        windows) and peak memory, stock and with the steps.
+
+    python3 scripts/train_digits.py --out-dir OUT [--parts digits,vit] [--steps 200]
+Writes OUT/training_digits.csv (the three loss curves), OUT/training_digits.txt (the verdict,
+the accuracies) and OUT/training_vit_b_16.csv.
+"""
+import argparse
+import csv
+import os
+import statistics
+import sys
+import time
+
+DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "python",
+                    "attention_steps", "data", "digits.npz")
+WINDOW = 20  # steps of the running mean the curves are compared by
+
+
+def digits(torch, device):
+    """(train images, train labels, test images, test labels): [N, 3, 32, 32] floats, a fixed
+    80/20 split of the 1,797 digits."""
+    import numpy as np
+    import torch.nn.functional as F
+    path = DATA
+    if not os.path.isfile(path):  # installed with pip: the copy beside the package
+        import attention_steps
+        path = os.path.join(os.path.dirname(attention_steps.__file__), "data", "digits.npz")
+    data = np.load(path)
+    images = torch.tensor(data["images"], dtype=torch.float32) / 16.0
+    labels = torch.tensor(data["labels"], dtype=torch.long)
+    images = F.interpolate(images[:, None], size=32, mode="bilinear", align_corners=False)
+    images = ((images - 0.3) / 0.35).expand(-1, 3, -1, -1).contiguous()
+    order = torch.randperm(len(labels), generator=torch.Generator().manual_seed(1234))
+    split = int(0.8 * len(labels))
+    train, test = order[:split], order[split:]
+    return (images[train].to(device), labels[train].to(device), images[test].to(device),
+            labels[test].to(device))
+
+
+def small_vit(torchvision):
+    return torchvision.models.VisionTransformer(image_size=32, patch_size=2, num_layers=4,
+                                                num_heads=4, hidden_dim=256, mlp_dim=512,
+                                                num_classes=10)
+
+
+def train_run(torch, torchvision, data, seed, steps, use_steps, batch=64):
+    import attention_steps
+    train_x, train_y, test_x, test_y = data
+    torch.manual_seed(seed)
+    model = small_vit(torchvision).cuda()
+    if use_steps:
+        attention_steps.swap_attention(model, step=use_steps)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.05)
+    scaler = torch.amp.GradScaler("cuda")
+    order = torch.Generator(device="cpu").manual_seed(seed)
+    losses = []
+    permutation, position = torch.randperm(len(train_y), generator=order), 0
+    model.train()
+    for _ in range(steps):
+        if position + batch > len(train_y):
+            permutation, position = torch.randperm(len(train_y), generator=order), 0
+        index = permutation[position:position + batch].to(train_x.device)
+        position += batch
+        with torch.autocast("cuda", dtype=torch.float16):
+            loss = torch.nn.functional.cross_entropy(model(train_x[index]), train_y[index])
+        optimizer.zero_grad(set_to_none=True)
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+        losses.append(loss.item())
+    model.eval()
+    with torch.inference_mode(), torch.autocast("cuda", dtype=torch.float16):
+        predicted = model(test_x).argmax(dim=1)
+    return losses, (predicted == test_y).float().mean().item()
+
+
+def running_mean(values):
+    return [statistics.fmean(values[max(0, i - WINDOW + 1):i + 1]) for i in range(len(values))]
+
+
+def digits_part(torch, torchvision, args, step):
+    data = digits(torch, "cuda")
+    runs = {}
+    for name, seed, steps_id in (("stock_seed0", 0, None), ("stock_seed1", 1, None),
+                                 (f"steps_seed0", 0, step)):
+        started = time.time()
+        runs[name] = train_run(torch, torchvision, data, seed, args.steps, steps_id)
+        print(f"digits {name}: final loss {runs[name][0][-1]:.4f}, test accuracy "
+              f"{runs[name][1]:.4f} ({time.time() - started:.0f} s)", flush=True)
+    stock0, stock1, swapped = (runs[k][0] for k in ("stock_seed0", "stock_seed1", "steps_seed0"))
+    seed_gap = running_mean([abs(a - b) for a, b in zip(stock0, stock1)])
+    steps_gap = running_mean([abs(a - b) for a, b in zip(stock0, swapped)])
+    bound = max(seed_gap[WINDOW - 1:])
+    tracked = max(steps_gap[WINDOW - 1:])
+    with open(os.path.join(args.out_dir, "training_digits.csv"), "w", newline="") as out:
+        writer = csv.writer(out)
+        writer.writerow(["step", "loss_stock_seed0", "loss_stock_seed1", "loss_steps_seed0"])
+        for i, values in enumerate(zip(stock0, stock1, swapped)):
+            writer.writerow([i + 1] + [f"{v:.5f}" for v in values])
+    verdict = "tracks" if tracked <= bound else "DOES NOT TRACK"
+    lines = [
+        f"steps: {step} forward, v9 backward; {args.steps} training steps, batch 64, AdamW, "
+        "fp16 autocast with a gradient scaler",
+        f"largest running mean ({WINDOW} steps) of |loss stock seed 0 - loss stock seed 1|: "
+        f"{bound:.4f} (the bound)",
+        f"largest running mean ({WINDOW} steps) of |loss stock seed 0 - loss steps seed 0|: "
+        f"{tracked:.4f}: the steps' curve {verdict} stock's",
+        f"test accuracy: stock seed 0 {runs['stock_seed0'][1]:.4f}, stock seed 1 "
+        f"{runs['stock_seed1'][1]:.4f}, steps seed 0 {runs['steps_seed0'][1]:.4f} "
+        f"({len(data[3])} test images)",
+    ]
+    with open(os.path.join(args.out_dir, "training_digits.txt"), "w") as out:
+        out.write("\n".join(lines) + "\n")
+    print("\n".join(lines), flush=True)
+    return tracked <= bound
+
+
+def vit_part(torch, torchvision, args, step):
+    import attention_steps
+    rows = []
+    for size in args.sizes:
+        for name in ("stock", step):
+            torch.manual_seed(0)
+            model = torchvision.models.vit_b_16(image_size=size).cuda()
+            if name != "stock":
+                attention_steps.swap_attention(model, step=name)
+            optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+            scaler = torch.amp.GradScaler("cuda")
+            images = torch.randn(args.batch, 3, size, size, device="cuda")
+            labels = torch.randint(0, 1000, (args.batch,), device="cuda")
+
+            def train_step():
+                with torch.autocast("cuda", dtype=torch.float16):
+                    loss = torch.nn.functional.cross_entropy(model(images), labels)
+                optimizer.zero_grad(set_to_none=True)
+                scaler.scale(loss).backward()
+                scaler.step(optimizer)
+                scaler.update()
+
+            model.train()
+            for _ in range(3):
+                train_step()
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            rates = []
+            for _ in range(args.windows):
+                start.record()
+                for _ in range(5):
+                    train_step()
+                end.record()
+                end.synchronize()
+                rates.append(args.batch * 5 / start.elapsed_time(end) * 1000)
+            row = {"model": "vit_b_16", "image_size": size, "batch": args.batch,
+                   "implementation": name, "images_per_s": f"{statistics.median(rates):.1f}",
+                   "low": f"{min(rates):.1f}", "high": f"{max(rates):.1f}",
+                   "windows": len(rates),
+                   "peak_memory_gib": f"{torch.cuda.max_memory_allocated() / 2**30:.2f}"}
+            rows.append(row)
+            print(", ".join(f"{k}={v}" for k, v in row.items()), flush=True)
+            del model, optimizer
+            torch.cuda.empty_cache()
+    with open(os.path.join(args.out_dir, "training_vit_b_16.csv"), "w", newline="") as out:
+        writer = csv.DictWriter(out, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out-dir", required=True)
+    parser.add_argument("--parts", default="digits,vit", type=lambda t: set(t.split(",")))
+    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--sizes", default="224,384", type=lambda t: [int(s) for s in t.split(",")])
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--windows", type=int, default=5)
+    args = parser.parse_args(argv)
+    import torch
+    import torchvision
+    if not torch.cuda.is_available():
+        print("torch sees no CUDA device: nothing trained", file=sys.stderr)
+        return 77
+    from attention_steps import sdpa
+    step = sdpa.plan_for(torch.cuda.current_device())[64][0]  # the fastest forward at D = 64
+    os.makedirs(args.out_dir, exist_ok=True)
+    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}; forward step {step}",
+          flush=True)
+    ok = True
+    if "digits" in args.parts:
+        ok = digits_part(torch, torchvision, args, step)
+    if "vit" in args.parts:
+        vit_part(torch, torchvision, args, step)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
