@@ -4,7 +4,8 @@
 digits  A small ViT (torchvision's VisionTransformer: 32 x 32 images in 2 x 2 patches, so
         N = 257 tokens, 4 layers, 4 heads of D = 64) learns scikit-learn's handwritten digits
         (shipped in the package: python/attention_steps/data/digits.npz), upsampled from 8 x 8.
-        Three runs of the same recipe (AdamW, fp16 autocast with a gradient scaler, batch 64):
+        Three runs of the same recipe (AdamW with a warm-up and a cosine decay, gradients clipped
+        at norm 1, fp16 autocast with a gradient scaler, batch 64):
           stock  seed 0     PyTorch's attention
           stock  seed 1     the same with another seed: another initialisation, another data order
           steps  seed 0     the steps in every block (swap_attention: the forward step, then v9
@@ -59,14 +60,19 @@ def small_vit(torchvision):
                                                 num_classes=10)
 
 
-def train_run(torch, torchvision, data, seed, steps, use_steps, batch=64):
+def train_run(torch, torchvision, data, seed, steps, use_steps, lr, warmup, batch=64):
+    import math
+
     import attention_steps
     train_x, train_y, test_x, test_y = data
     torch.manual_seed(seed)
     model = small_vit(torchvision).cuda()
     if use_steps:
         attention_steps.swap_attention(model, step=use_steps)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.05)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.05)
+    # Linear warm-up, then a cosine down to a tenth of the rate at the last step.
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / warmup) * (
+        0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(s, steps) / steps))))
     scaler = torch.amp.GradScaler("cuda")
     order = torch.Generator(device="cpu").manual_seed(seed)
     losses = []
@@ -81,8 +87,11 @@ def train_run(torch, torchvision, data, seed, steps, use_steps, batch=64):
             loss = torch.nn.functional.cross_entropy(model(train_x[index]), train_y[index])
         optimizer.zero_grad(set_to_none=True)
         scaler.scale(loss).backward()
+        scaler.unscale_(optimizer)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         scaler.step(optimizer)
         scaler.update()
+        schedule.step()
         losses.append(loss.item())
     model.eval()
     with torch.inference_mode(), torch.autocast("cuda", dtype=torch.float16):
@@ -100,7 +109,8 @@ def digits_part(torch, torchvision, args, step):
     for name, seed, steps_id in (("stock_seed0", 0, None), ("stock_seed1", 1, None),
                                  (f"steps_seed0", 0, step)):
         started = time.time()
-        runs[name] = train_run(torch, torchvision, data, seed, args.steps, steps_id)
+        runs[name] = train_run(torch, torchvision, data, seed, args.steps, steps_id, args.lr,
+                               args.warmup)
         print(f"digits {name}: final loss {runs[name][0][-1]:.4f}, test accuracy "
               f"{runs[name][1]:.4f} ({time.time() - started:.0f} s)", flush=True)
     stock0, stock1, swapped = (runs[k][0] for k in ("stock_seed0", "stock_seed1", "steps_seed0"))
@@ -115,8 +125,9 @@ def digits_part(torch, torchvision, args, step):
             writer.writerow([i + 1] + [f"{v:.5f}" for v in values])
     verdict = "tracks" if tracked <= bound else "DOES NOT TRACK"
     lines = [
-        f"steps: {step} forward, v9 backward; {args.steps} training steps, batch 64, AdamW, "
-        "fp16 autocast with a gradient scaler",
+        f"steps: {step} forward, v9 backward; {args.steps} training steps, batch 64, AdamW at "
+        f"peak rate {args.lr} ({args.warmup} warm-up steps, cosine decay), fp16 autocast with a "
+        "gradient scaler",
         f"largest running mean ({WINDOW} steps) of |loss stock seed 0 - loss stock seed 1|: "
         f"{bound:.4f} (the bound)",
         f"largest running mean ({WINDOW} steps) of |loss stock seed 0 - loss steps seed 0|: "
@@ -187,6 +198,10 @@ def main(argv=None):
     parser.add_argument("--out-dir", required=True)
     parser.add_argument("--parts", default="digits,vit", type=lambda t: set(t.split(",")))
     parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--lr", type=float, default=3e-3, help="peak learning rate (AdamW)")
+    parser.add_argument("--warmup", type=int, default=20, help="steps of linear warm-up")
+    parser.add_argument("--sweep", default="", help="lr:warmup,...: stock seed 0 alone at each "
+                        "(choosing the recipe), printed, nothing written")
     parser.add_argument("--sizes", default="224,384", type=lambda t: [int(s) for s in t.split(",")])
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--windows", type=int, default=5)
@@ -201,6 +216,16 @@ def main(argv=None):
     os.makedirs(args.out_dir, exist_ok=True)
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}; forward step {step}",
           flush=True)
+    if args.sweep:
+        data = digits(torch, "cuda")
+        for pair in args.sweep.split(","):
+            lr, warmup = pair.split(":")
+            losses, accuracy = train_run(torch, torchvision, data, 0, args.steps, None,
+                                         float(lr), int(warmup))
+            print(f"sweep lr {lr} warmup {warmup}: final loss {losses[-1]:.4f}, mean of the "
+                  f"last 20 {statistics.fmean(losses[-20:]):.4f}, test accuracy {accuracy:.4f}",
+                  flush=True)
+        return 0
     ok = True
     if "digits" in args.parts:
         ok = digits_part(torch, torchvision, args, step)
