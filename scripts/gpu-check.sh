@@ -51,6 +51,7 @@
 #   LSE_WINDOWS          its alternating windows (default 2)
 #   STAGES               default: info tests checked planted sanitizer bench lse profile pytorch torch backward training vit
 #   TORCH_OP_ARGS        more arguments for scripts/torch_op_bench.py (e.g. --sizes 224 --parts host)
+#   TRAINING_ARGS        more arguments for scripts/train_digits.py (e.g. --lr 1e-3 --warmup 20)
 #   PYTHON               interpreter for profile, pytorch and vit (default: python3)
 #   VIT_ARGS             more arguments for scripts/vit_end_to_end.py (e.g. --quick)
 #   COMPUTE_SANITIZER    compute-sanitizer to use (default: PATH, then $CUDA_HOME/bin, /usr/local/cuda/bin)
@@ -598,7 +599,10 @@ stage_backward() {
 stage_training() {
   with_operator || return $?
   echo "## scripts/train_digits.py: a small ViT on the digits, stock and with the steps; vit_b_16 training steps"
-  PYTHONPATH="$site" timeout "$(limit 400)" "$PYTHON" scripts/train_digits.py --out-dir "$OUTDIR"
+  local extra=()
+  [ -n "${TRAINING_ARGS:-}" ] && read -r -a extra <<< "$TRAINING_ARGS"
+  PYTHONPATH="$site" timeout "$(limit 400)" "$PYTHON" scripts/train_digits.py --out-dir "$OUTDIR" \
+    "${extra[@]}"
 }
 
 stage_vit() {

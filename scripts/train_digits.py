@@ -198,7 +198,7 @@ def main(argv=None):
     parser.add_argument("--out-dir", required=True)
     parser.add_argument("--parts", default="digits,vit", type=lambda t: set(t.split(",")))
     parser.add_argument("--steps", type=int, default=200)
-    parser.add_argument("--lr", type=float, default=3e-3, help="peak learning rate (AdamW)")
+    parser.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (AdamW)")
     parser.add_argument("--warmup", type=int, default=20, help="steps of linear warm-up")
     parser.add_argument("--sweep", default="", help="lr:warmup,...: stock seed 0 alone at each "
                         "(choosing the recipe), printed, nothing written")
