@@ -10,8 +10,9 @@ runs the fastest step that serves the call on the tensors' GPU (v8 on an H100, v
 chapters 07 and 10) and hands every other call to PyTorch's own function: masks, causal
 attention, dropout, grouped-query attention, dtypes other than float16, CPU tensors, head dims
 or token counts no step serves, keys of another length than the queries, and calls that need a
-gradient at a head dim no backward step serves (v9 serves 64 and 128: autograd runs it). use_steps(verbose=True) says once per reason when that
-happens; never while torch.compile traces, where printing would break the graph.
+gradient at a head dim no backward step serves (v9 serves 64 and 128: autograd runs it).
+use_steps(verbose=True) says once per reason when that happens; never while torch.compile
+traces, where printing would break the graph.
 
 What serves which call is decided here, in plain Python over a table made when the module is
 first used (the library's answers for every visible GPU), so torch.compile traces the decision
