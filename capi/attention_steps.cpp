@@ -523,6 +523,7 @@ void launch_backward_call(const char* id, const attn_backward_args& call) {
   args.head_dim = int(shape.head_dim);
   args.scale = call.scale > 0.0 ? call.scale : 1.0 / std::sqrt(double(shape.head_dim));
   args.stream = static_cast<cudaStream_t>(call.stream);
+  args.deterministic = call.deterministic != 0;
   const std::size_t needed = step.workspace_for(shape);
   auto run = [&](void* workspace) {
     args.workspace = workspace;

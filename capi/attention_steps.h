@@ -204,6 +204,7 @@ typedef struct attn_backward_args {
   size_t workspace_bytes;
   void* stream;
   int pointers_checked_by_caller;
+  int deterministic;  /* 1: no atomics, the same bits on every run (slower) */
 } attn_backward_args;
 
 /* Runs backward step `id`; refuses a forward step. Queued on the stream, like attn_launch. */

@@ -69,7 +69,7 @@ std::string step_usage(const std::string& program) {
   return "usage: " + program +
          " [--tokens N | --image PX [--patch P]] [--batch B] [--heads H] [--head-dim D]\n"
          "       [--iters I] [--warmup W] [--seed S] [--check sample|full|none]\n"
-         "       [--format text|json|csv] [--device K] [--no-ceilings]\n"
+         "       [--format text|json|csv] [--device K] [--no-ceilings] [--deterministic]\n"
          "\n"
          "Runs one attention step, O = softmax(Q K^T / sqrt(D)) V on fp16 [B, H, N, D] tensors,\n"
          "checks it against the fp64 CPU reference and reports its time.\n"
@@ -89,6 +89,8 @@ std::string step_usage(const std::string& program) {
          "  --device K       CUDA device index (default 0)\n"
          "  --no-ceilings    do not measure the GPU's copy bandwidth and tensor-core rate\n"
          "                   (for compute-sanitizer and ncu runs: only the step's kernel runs)\n"
+         "  --deterministic  a backward step (step 9): dQ without atomics, the same bits on\n"
+         "                   every run (slower); refused by the forward steps\n"
          "Exit codes: 0 passed, 1 check failed, 2 usage error, 3 CUDA or runtime error.\n";
 }
 
@@ -103,6 +105,10 @@ StepOptions parse_step_options(int argc, const char* const* argv) {
     }
     if (flag == "--no-ceilings") {
       options.measure_ceilings = false;
+      continue;
+    }
+    if (flag == "--deterministic") {
+      options.deterministic = true;
       continue;
     }
     if (flag.rfind("--", 0) != 0) throw UsageError("unexpected argument '" + flag + "'");

@@ -28,6 +28,7 @@ struct StepOptions {
   Format format = Format::text;
   int device = 0;
   bool measure_ceilings = true;  // --no-ceilings: skip them (sanitizer and profiler runs)
+  bool deterministic = false;    // --deterministic: a backward step's run-to-run exact mode
   bool help = false;
 };
 

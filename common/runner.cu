@@ -173,6 +173,7 @@ BackwardRunResult run_backward_step(const StepInfo& step, const HostTensors& inp
   args.scale = forward_args.scale;
   args.workspace = workspace.data();
   args.stream = stream;
+  args.deterministic = config.deterministic;
   for (__half* gradient : {dq.data(), dk.data(), dv.data()}) {  // NaN: an unwritten element fails
     CUDA_CHECK(cudaMemsetAsync(gradient, 0xFF, count * sizeof(__half), stream));
   }
@@ -188,11 +189,12 @@ BackwardRunResult run_backward_step(const StepInfo& step, const HostTensors& inp
 
   BackwardRunResult result;
   if (reference != nullptr) {
-    std::vector<__half> host_dq(count), host_dk(count), host_dv(count);
-    CUDA_CHECK(cudaMemcpy(host_dq.data(), dq.data(), count * sizeof(__half), cudaMemcpyDeviceToHost));
-    CUDA_CHECK(cudaMemcpy(host_dk.data(), dk.data(), count * sizeof(__half), cudaMemcpyDeviceToHost));
-    CUDA_CHECK(cudaMemcpy(host_dv.data(), dv.data(), count * sizeof(__half), cudaMemcpyDeviceToHost));
-    result.check = compare_gradients(shape, *reference, host_dq, host_dk, host_dv);
+    for (auto [host, device] : {std::pair<std::vector<__half>*, const __half*>{&result.dq, dq.data()},
+                                {&result.dk, dk.data()}, {&result.dv, dv.data()}}) {
+      host->resize(count);
+      CUDA_CHECK(cudaMemcpy(host->data(), device, count * sizeof(__half), cudaMemcpyDeviceToHost));
+    }
+    result.check = compare_gradients(shape, *reference, result.dq, result.dk, result.dv);
   }
   if (config.time) {
     try {

@@ -30,6 +30,8 @@ struct RunConfig {
   // The timed runs write L too, as a training forward does (bench --log-sum-exp); only for a
   // step that writes_log_sum_exp. The checked run writes and checks L either way.
   bool timed_log_sum_exp = false;
+  // A backward step runs in its deterministic mode (BackwardArgs::deterministic).
+  bool deterministic = false;
 };
 
 struct RunResult {
@@ -62,6 +64,7 @@ void exit_if_gpu_hung(int status);
 struct BackwardRunResult {
   TimingStats timing;
   CheckResult check;
+  std::vector<__half> dq, dk, dv;  // the checked run's gradients (when there is a reference)
 };
 BackwardRunResult run_backward_step(const StepInfo& step, const HostTensors& inputs,
                                     const std::vector<__half>& d_o,

@@ -100,6 +100,9 @@ struct BackwardArgs {
   double scale = 0.0;         // 1/sqrt(D) as the harness sets it
   void* workspace = nullptr;  // workspace_bytes(shape) bytes
   cudaStream_t stream = nullptr;
+  // No atomics, no sum whose order depends on which block comes first: the same bits on every
+  // run (slower; step 9 computes dQ in a pass of its own).
+  bool deterministic = false;
 };
 
 using LaunchFn = void (*)(const AttentionArgs&);

@@ -23,6 +23,10 @@ int run_step_program(const StepInfo& step, int argc, const char* const* argv, st
       return kExitPassed;
     }
     if (auto reason = step.refuses(options.shape)) throw UsageError(*reason);
+    if (options.deterministic && step.kind != StepKind::backward) {
+      throw UsageError("--deterministic: " + step.id + " is a forward step, deterministic "
+                       "already (the flag is for the backward, step 9)");
+    }
 
     Record record;
     record.step = step.id;
@@ -41,6 +45,7 @@ int run_step_program(const StepInfo& step, int argc, const char* const* argv, st
     config.warmup = options.warmup;
     config.iters = options.iters;
     config.max_persistent_blocks = persistent_blocks_testing_aid();
+    config.deterministic = options.deterministic;
     if (step.kind == StepKind::backward) {
       // dO too; the forward step it pairs with makes O and L; dQ, dK and dV are checked.
       const std::vector<__half> d_o = make_output_gradient(options.shape, options.seed);

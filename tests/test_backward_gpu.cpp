@@ -2,9 +2,11 @@
 // dQ, dK and dV are checked against the fp64 backward reference on every slice of the small
 // shapes and on sampled slices of the large ones, dQ, dK, dV poisoned with NaN first so that an
 // unwritten element fails. The shape matrix (tails, N = 1, several B and H, every head dim), the
-// ViT shapes, a long sequence, the stress case, and refusals.
+// ViT shapes, a long sequence, the stress case, the deterministic mode (checked, and the same
+// bits run to run), and refusals.
 #include <doctest/doctest.h>
 
+#include <cstring>
 #include <vector>
 
 #include "check.hpp"
@@ -16,8 +18,8 @@ namespace {
 using attn::CheckMode;
 using attn::Shape;
 
-attn::CheckResult check_backward(const Shape& shape, CheckMode mode, double qk_scale = 1.0,
-                                 uint64_t seed = 19) {
+attn::BackwardRunResult run_backward(const Shape& shape, CheckMode mode, double qk_scale = 1.0,
+                                     bool deterministic = false, uint64_t seed = 19) {
   const attn::StepInfo& step = step_under_test();
   const attn::HostTensors inputs = attn::make_inputs(shape, seed, qk_scale);
   const std::vector<__half> d_o = attn::make_output_gradient(shape, seed);
@@ -25,7 +27,17 @@ attn::CheckResult check_backward(const Shape& shape, CheckMode mode, double qk_s
       attn::compute_backward_reference(inputs, d_o, attn::slices_to_check(shape, mode, seed));
   attn::RunConfig config;
   config.time = false;
-  return attn::run_backward_step(step, inputs, d_o, &reference, config).check;
+  config.deterministic = deterministic;
+  return attn::run_backward_step(step, inputs, d_o, &reference, config);
+}
+
+attn::CheckResult check_backward(const Shape& shape, CheckMode mode, double qk_scale = 1.0) {
+  return run_backward(shape, mode, qk_scale).check;
+}
+
+bool same_bits(const std::vector<__half>& a, const std::vector<__half>& b) {
+  return a.size() == b.size() &&
+         std::memcmp(a.data(), b.data(), a.size() * sizeof(__half)) == 0;
 }
 
 void require_pass(const attn::CheckResult& result) {
@@ -68,6 +80,22 @@ TEST_SUITE("backward") {
       const Shape shape{1, 2, 197, head_dim};
       CAPTURE(shape.str());
       require_pass(check_backward(shape, CheckMode::full, attn::kStressScale));
+    }
+  }
+
+  TEST_CASE("deterministic mode: checked at tails and a ViT shape, and the same bits run to run") {
+    for (int head_dim : step_under_test().head_dims) {
+      for (const Shape shape : {Shape{2, 3, 1, head_dim}, Shape{2, 3, 130, head_dim},
+                                Shape{32, 12, 197, head_dim}}) {
+        CAPTURE(shape.str());
+        const CheckMode mode = shape.batch > 2 ? CheckMode::sample : CheckMode::full;
+        const attn::BackwardRunResult first = run_backward(shape, mode, 1.0, true);
+        require_pass(first.check);
+        const attn::BackwardRunResult second = run_backward(shape, mode, 1.0, true);
+        CHECK(same_bits(first.dq, second.dq));
+        CHECK(same_bits(first.dk, second.dk));
+        CHECK(same_bits(first.dv, second.dv));
+      }
     }
   }
 

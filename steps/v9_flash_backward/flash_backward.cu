@@ -11,6 +11,8 @@
 //        dQ += dS K             dS through shared memory, added into an fp32 dQ with atomics
 //      dK and dV stay in registers for the whole walk and are written once.
 //   3. dQ = fp16(scale * the fp32 sum) (a small kernel); dK = scale * its sum on the way out.
+// In the deterministic mode (BackwardArgs::deterministic) step 2 leaves dQ alone and a pass of
+// its own computes it, one Q tile per block, with no atomics: the same bits on every run.
 //
 // What is new against v6: the keys, not the queries, are what a block owns (dK and dV are sums
 // over every query, dQ a sum over every key: one of the two must be shared between blocks, and
@@ -127,7 +129,9 @@ __global__ void row_dot_kernel(const __half* __restrict__ o, const __half* __res
 
 // ---- 2. dK, dV per K/V tile; dQ added up across tiles ------------------------------------------
 
-template <int kHeadDim, int kWarps>
+// kAtomicDq: this kernel also adds dQ into the fp32 sum (the default); without it, dQ is left
+// to dq_pass_kernel below, the deterministic mode.
+template <int kHeadDim, int kWarps, bool kAtomicDq>
 __global__ void __launch_bounds__(Tiles<kHeadDim, kWarps>::kThreads)
     flash_backward_kernel(const __half* __restrict__ q, const __half* __restrict__ k,
                           const __half* __restrict__ v, const __half* __restrict__ d_o,
@@ -246,46 +250,48 @@ __global__ void __launch_bounds__(Tiles<kHeadDim, kWarps>::kThreads)
       }
     }
 
-    // dS (fp16) into shared memory as [query][key]: dQ needs it with the queries as rows.
-    for (int n = 0; n < T::kRowTiles; ++n) {
-      for (int e = 0; e < 4; ++e) {
-        ds_tile[(n * 8 + 2 * quad_lane + e % 2) * T::kDsStride + warp_key0 + group + 8 * (e / 2)] =
-            __float2half(dp_acc[n][e]);
+    if constexpr (kAtomicDq) {  // else dQ comes from a pass of its own
+      // dS (fp16) into shared memory as [query][key]: dQ needs it with the queries as rows.
+      for (int n = 0; n < T::kRowTiles; ++n) {
+        for (int e = 0; e < 4; ++e) {
+          ds_tile[(n * 8 + 2 * quad_lane + e % 2) * T::kDsStride + warp_key0 + group + 8 * (e / 2)] =
+              __float2half(dp_acc[n][e]);
+        }
       }
-    }
-    __syncthreads();
+      __syncthreads();
 
-    // dQ += dS K over the block's keys, a warp's 16 query rows and its share of the columns,
-    // then into the fp32 sum.
-    const int dq_row0 = (warp % 4) * 16, dq_column0 = (warp / 4) * T::kDqTiles * 8;
-    float dq_acc[T::kDqTiles][4] = {};
-    for (int c = 0; c < T::kKeyChunks; ++c) {
-      uint32_t ds_fragment[4];
-      ldmatrix_x4(ds_fragment, ds_tile + (dq_row0 + lane % 16) * T::kDsStride + c * 16 + (lane / 16) * 8);
-      for (int pair = 0; pair < T::kDqTiles / 2; ++pair) {
-        uint32_t k_fragment[4];
-        ldmatrix_x4_trans(k_fragment, k_tile + (c * 16 + lane % 8 + ((lane / 8) % 2) * 8) * T::kStride +
-                                          dq_column0 + pair * 16 + (lane / 16) * 8);
-        mma_16x8x16(dq_acc[2 * pair], ds_fragment, k_fragment[0], k_fragment[1]);
-        mma_16x8x16(dq_acc[2 * pair + 1], ds_fragment, k_fragment[2], k_fragment[3]);
+      // dQ += dS K over the block's keys, a warp's 16 query rows and its share of the columns,
+      // then into the fp32 sum.
+      const int dq_row0 = (warp % 4) * 16, dq_column0 = (warp / 4) * T::kDqTiles * 8;
+      float dq_acc[T::kDqTiles][4] = {};
+      for (int c = 0; c < T::kKeyChunks; ++c) {
+        uint32_t ds_fragment[4];
+        ldmatrix_x4(ds_fragment, ds_tile + (dq_row0 + lane % 16) * T::kDsStride + c * 16 + (lane / 16) * 8);
+        for (int pair = 0; pair < T::kDqTiles / 2; ++pair) {
+          uint32_t k_fragment[4];
+          ldmatrix_x4_trans(k_fragment, k_tile + (c * 16 + lane % 8 + ((lane / 8) % 2) * 8) * T::kStride +
+                                            dq_column0 + pair * 16 + (lane / 16) * 8);
+          mma_16x8x16(dq_acc[2 * pair], ds_fragment, k_fragment[0], k_fragment[1]);
+          mma_16x8x16(dq_acc[2 * pair + 1], ds_fragment, k_fragment[2], k_fragment[3]);
+        }
       }
-    }
-    // BEGIN EXERCISE: add this block's share of dQ into the fp32 sum every K/V tile adds to
-    for (int half = 0; half < 2; ++half) {
-      const int row = row_tile * T::kBlockM + dq_row0 + group + 8 * half;
-      if (row >= tokens) continue;
-      float* dq_row = dq_sum + (slice * tokens + row) * kHeadDim + dq_column0;
-      for (int d = 0; d < T::kDqTiles; ++d) {
+      // BEGIN EXERCISE: add this block's share of dQ into the fp32 sum every K/V tile adds to
+      for (int half = 0; half < 2; ++half) {
+        const int row = row_tile * T::kBlockM + dq_row0 + group + 8 * half;
+        if (row >= tokens) continue;
+        float* dq_row = dq_sum + (slice * tokens + row) * kHeadDim + dq_column0;
+        for (int d = 0; d < T::kDqTiles; ++d) {
 #if __CUDA_ARCH__ >= 900  // one vector atomic for the pair (red.global.add.v2.f32)
-        atomicAdd(reinterpret_cast<float2*>(dq_row + d * 8 + 2 * quad_lane),
-                  make_float2(dq_acc[d][2 * half], dq_acc[d][2 * half + 1]));
+          atomicAdd(reinterpret_cast<float2*>(dq_row + d * 8 + 2 * quad_lane),
+                    make_float2(dq_acc[d][2 * half], dq_acc[d][2 * half + 1]));
 #else
-        atomicAdd(dq_row + d * 8 + 2 * quad_lane, dq_acc[d][2 * half]);
-        atomicAdd(dq_row + d * 8 + 2 * quad_lane + 1, dq_acc[d][2 * half + 1]);
+          atomicAdd(dq_row + d * 8 + 2 * quad_lane, dq_acc[d][2 * half]);
+          atomicAdd(dq_row + d * 8 + 2 * quad_lane + 1, dq_acc[d][2 * half + 1]);
 #endif
+        }
       }
+      // END EXERCISE
     }
-    // END EXERCISE
   }
 
   // dK = scale dS^T Q and dV, this warp's 16 keys, straight from the accumulators.
@@ -298,6 +304,140 @@ __global__ void __launch_bounds__(Tiles<kHeadDim, kWarps>::kThreads)
           __floats2half2_rn(dk_acc[d][2 * half] * scale, dk_acc[d][2 * half + 1] * scale);
       *reinterpret_cast<__half2*>(dv + row + column) =
           __floats2half2_rn(dv_acc[d][2 * half], dv_acc[d][2 * half + 1]);
+    }
+  }
+#endif
+}
+
+// ---- 2'. The deterministic mode: dQ by a pass of its own, no atomics ---------------------------
+
+// One block per 64 query rows (4 warps of 16), walking every K/V tile of the slice in order:
+// S = Q K^T and dP = dO V^T, P = exp(S scale - L), dS = P o (dP - D), dQ += dS K, all in
+// registers (v6's layout: the S accumulators pack into the A fragment of the next product).
+// It recomputes two products the main kernel already did, and in exchange every dQ element is
+// one thread's sum, in one order: the same bits on every run.
+template <int kHeadDim>
+struct DqTiles {
+  static constexpr int kWarps = 4;
+  static constexpr int kThreads = 32 * kWarps;
+  static constexpr int kBlockM = 16 * kWarps;  // query rows per block
+  static constexpr int kBlockN = 64;           // keys per K/V tile
+  static constexpr int kStride = kHeadDim + 8;
+  static constexpr int kDChunks = kHeadDim / 16;
+  static constexpr int kDTiles = kHeadDim / 8;
+  static constexpr int kKeyTiles = kBlockN / 8;
+  static constexpr int kKeyChunks = kBlockN / 16;
+  // Q and dO (read once into registers), then two stages of K and of V.
+  static constexpr std::size_t kSharedBytes =
+      (2 * std::size_t(kBlockM) + 4 * std::size_t(kBlockN)) * kStride * sizeof(__half);
+};
+
+template <int kHeadDim>
+__global__ void __launch_bounds__(DqTiles<kHeadDim>::kThreads)
+    dq_pass_kernel(const __half* __restrict__ q, const __half* __restrict__ k,
+                   const __half* __restrict__ v, const __half* __restrict__ d_o,
+                   const float* __restrict__ log_sum_exp, const float* __restrict__ row_dot,
+                   __half* __restrict__ dq, int tokens, int row_tiles, float scale,
+                   float scale_log2) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+  return;
+#else
+  using T = DqTiles<kHeadDim>;
+  extern __shared__ __align__(16) unsigned char shared_bytes[];
+  __half* q_tile = reinterpret_cast<__half*>(shared_bytes);
+  __half* d_o_tile = q_tile + T::kBlockM * T::kStride;
+  __half* k_tiles = d_o_tile + T::kBlockM * T::kStride;  // two stages
+  __half* v_tiles = k_tiles + 2 * T::kBlockN * T::kStride;  // two stages
+
+  const int row_tile = blockIdx.x % row_tiles;
+  const int64_t slice = blockIdx.x / row_tiles;
+  const int64_t slice_offset = slice * tokens * kHeadDim;
+  const int row0 = row_tile * T::kBlockM;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int group = lane / 4, quad_lane = lane % 4;
+  const int key_tiles = (tokens + T::kBlockN - 1) / T::kBlockN;
+
+  load_tile_async<T::kBlockM, kHeadDim, T::kStride, T::kThreads>(q_tile, q + slice_offset, row0, tokens);
+  load_tile_async<T::kBlockM, kHeadDim, T::kStride, T::kThreads>(d_o_tile, d_o + slice_offset, row0, tokens);
+  load_tile_async<T::kBlockN, kHeadDim, T::kStride, T::kThreads>(k_tiles, k + slice_offset, 0, tokens);
+  load_tile_async<T::kBlockN, kHeadDim, T::kStride, T::kThreads>(v_tiles, v + slice_offset, 0, tokens);
+  cp_async_commit();
+
+  // L (in log2 units) and D of this lane's two rows; rows past N read 0 (their dQ is not stored).
+  float lse_log2[2], dot[2];
+  for (int half = 0; half < 2; ++half) {
+    const int row = row0 + warp * 16 + group + 8 * half;
+    lse_log2[half] = row < tokens ? log_sum_exp[slice * tokens + row] * kLog2e : 0.0f;
+    dot[half] = row < tokens ? row_dot[slice * tokens + row] : 0.0f;
+  }
+  uint32_t q_fragments[T::kDChunks][4], d_o_fragments[T::kDChunks][4];
+  float dq_acc[T::kDTiles][4] = {};
+
+  for (int tile = 0; tile < key_tiles; ++tile) {
+    const __half* k_tile = k_tiles + (tile % 2) * T::kBlockN * T::kStride;
+    const __half* v_tile = v_tiles + (tile % 2) * T::kBlockN * T::kStride;
+    cp_async_wait<0>();
+    __syncthreads();  // this tile has landed, and every warp is done with the other stage
+    if (tile == 0) {
+      for (int c = 0; c < T::kDChunks; ++c) {
+        const int offset = (warp * 16 + lane % 16) * T::kStride + c * 16 + (lane / 16) * 8;
+        ldmatrix_x4(q_fragments[c], q_tile + offset);
+        ldmatrix_x4(d_o_fragments[c], d_o_tile + offset);
+      }
+    }
+    if (tile + 1 < key_tiles) {
+      const int next = (tile + 1) % 2;
+      load_tile_async<T::kBlockN, kHeadDim, T::kStride, T::kThreads>(
+          k_tiles + next * T::kBlockN * T::kStride, k + slice_offset, (tile + 1) * T::kBlockN, tokens);
+      load_tile_async<T::kBlockN, kHeadDim, T::kStride, T::kThreads>(
+          v_tiles + next * T::kBlockN * T::kStride, v + slice_offset, (tile + 1) * T::kBlockN, tokens);
+    }
+    cp_async_commit();
+
+    // S = Q K^T and dP = dO V^T for this warp's 16 rows and the tile's keys.
+    float s_acc[T::kKeyTiles][4] = {};
+    float dp_acc[T::kKeyTiles][4] = {};
+    for (int c = 0; c < T::kDChunks; ++c) {
+      for (int pair = 0; pair < T::kKeyTiles / 2; ++pair) {
+        const int b_offset = (pair * 16 + lane % 8 + (lane / 16) * 8) * T::kStride + c * 16 + ((lane / 8) % 2) * 8;
+        uint32_t k_fragment[4], v_fragment[4];
+        ldmatrix_x4(k_fragment, k_tile + b_offset);
+        ldmatrix_x4(v_fragment, v_tile + b_offset);
+        mma_16x8x16(s_acc[2 * pair], q_fragments[c], k_fragment[0], k_fragment[1]);
+        mma_16x8x16(s_acc[2 * pair + 1], q_fragments[c], k_fragment[2], k_fragment[3]);
+        mma_16x8x16(dp_acc[2 * pair], d_o_fragments[c], v_fragment[0], v_fragment[1]);
+        mma_16x8x16(dp_acc[2 * pair + 1], d_o_fragments[c], v_fragment[2], v_fragment[3]);
+      }
+    }
+    // dS = P o (dP - D), row `group + 8 (e / 2)`; keys past N meet zero K rows below.
+    for (int n = 0; n < T::kKeyTiles; ++n) {
+      for (int e = 0; e < 4; ++e) {
+        const float p = fast_exp2(fmaf(s_acc[n][e], scale_log2, -lse_log2[e / 2]));
+        dp_acc[n][e] = p * (dp_acc[n][e] - dot[e / 2]);
+      }
+    }
+    // dQ += dS K: dS packed from the accumulators (the keys as the k dimension), K transposed.
+    for (int c = 0; c < T::kKeyChunks; ++c) {
+      const uint32_t ds_fragment[4] = {
+          pack_half2(dp_acc[2 * c][0], dp_acc[2 * c][1]), pack_half2(dp_acc[2 * c][2], dp_acc[2 * c][3]),
+          pack_half2(dp_acc[2 * c + 1][0], dp_acc[2 * c + 1][1]),
+          pack_half2(dp_acc[2 * c + 1][2], dp_acc[2 * c + 1][3])};
+      for (int pair = 0; pair < T::kDTiles / 2; ++pair) {
+        uint32_t k_fragment[4];
+        ldmatrix_x4_trans(k_fragment, k_tile + (c * 16 + lane % 8 + ((lane / 8) % 2) * 8) * T::kStride +
+                                          pair * 16 + (lane / 16) * 8);
+        mma_16x8x16(dq_acc[2 * pair], ds_fragment, k_fragment[0], k_fragment[1]);
+        mma_16x8x16(dq_acc[2 * pair + 1], ds_fragment, k_fragment[2], k_fragment[3]);
+      }
+    }
+  }
+
+  for (int half = 0; half < 2; ++half) {
+    const int row = row0 + warp * 16 + group + 8 * half;
+    if (row >= tokens) continue;
+    for (int d = 0; d < T::kDTiles; ++d) {
+      *reinterpret_cast<__half2*>(dq + slice_offset + int64_t(row) * kHeadDim + d * 8 + 2 * quad_lane) =
+          __floats2half2_rn(dq_acc[d][2 * half] * scale, dq_acc[d][2 * half + 1] * scale);
     }
   }
 #endif
@@ -328,23 +468,38 @@ void launch_for(const attn::BackwardArgs& args) {
   const int64_t elements = rows * kHeadDim;
   float* dq_sum = static_cast<float*>(args.workspace);
   float* row_dot = dq_sum + elements;
-  CUDA_CHECK(cudaMemsetAsync(dq_sum, 0, std::size_t(elements) * sizeof(float), args.stream));
+  const float scale = float(args.scale), scale_log2 = float(M_LOG2E * args.scale);
+  if (!args.deterministic) {
+    CUDA_CHECK(cudaMemsetAsync(dq_sum, 0, std::size_t(elements) * sizeof(float), args.stream));
+  }
   constexpr int kRowsPerBlock = 8;  // warps of the D kernel's blocks, one row each
   row_dot_kernel<<<unsigned((rows + kRowsPerBlock - 1) / kRowsPerBlock), 32 * kRowsPerBlock, 0, args.stream>>>(
       args.o, args.d_o, row_dot, rows, kHeadDim);
   CUDA_CHECK_LAUNCH();
 
-  auto kernel = flash_backward_kernel<kHeadDim, T::kWarps>;
+  auto kernel = args.deterministic ? flash_backward_kernel<kHeadDim, T::kWarps, false>
+                                   : flash_backward_kernel<kHeadDim, T::kWarps, true>;
   CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                   int(T::kSharedBytes)));
   const int key_tiles = (args.tokens + T::kBlockN - 1) / T::kBlockN;
-  const int64_t blocks = int64_t(key_tiles) * args.batch * args.heads;
-  const float scale = float(args.scale);
-  kernel<<<unsigned(blocks), T::kThreads, T::kSharedBytes, args.stream>>>(
+  const int64_t slices = int64_t(args.batch) * args.heads;
+  kernel<<<unsigned(int64_t(key_tiles) * slices), T::kThreads, T::kSharedBytes, args.stream>>>(
       args.q, args.k, args.v, args.d_o, args.log_sum_exp, row_dot, dq_sum, args.dk, args.dv,
-      args.tokens, key_tiles, scale, float(M_LOG2E * args.scale));
+      args.tokens, key_tiles, scale, scale_log2);
   CUDA_CHECK_LAUNCH();
 
+  if (args.deterministic) {
+    using D = DqTiles<kHeadDim>;
+    CUDA_CHECK(cudaFuncSetAttribute(dq_pass_kernel<kHeadDim>,
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize, int(D::kSharedBytes)));
+    const int row_tiles = (args.tokens + D::kBlockM - 1) / D::kBlockM;
+    dq_pass_kernel<kHeadDim><<<unsigned(int64_t(row_tiles) * slices), D::kThreads, D::kSharedBytes,
+                               args.stream>>>(args.q, args.k, args.v, args.d_o, args.log_sum_exp,
+                                              row_dot, args.dq, args.tokens, row_tiles, scale,
+                                              scale_log2);
+    CUDA_CHECK_LAUNCH();
+    return;
+  }
   constexpr int kConvertThreads = 256;
   dq_convert_kernel<<<unsigned((elements / 2 + kConvertThreads - 1) / kConvertThreads), kConvertThreads, 0,
                       args.stream>>>(dq_sum, args.dq, elements, scale);
@@ -375,7 +530,8 @@ void launch_flash_backward(const attn::BackwardArgs& args) {
   with_tile_shape(args.head_dim, [&](auto tiles) { launch_for<decltype(tiles)>(args); });
 }
 
-// Independent of N: K, V, two stages of Q, dO, L and D, and dS.
+// Independent of N: K, V, two stages of Q, dO, L and D, and dS (the deterministic dQ pass
+// needs less).
 std::size_t shared_bytes_needed(const attn::Shape& shape) {
   std::size_t bytes = 0;
   with_tile_shape(shape.head_dim, [&](auto tiles) { bytes = decltype(tiles)::kSharedBytes; });

@@ -320,6 +320,19 @@ class Gradients(unittest.TestCase):
         with self.subTest("packed views, another scale"):
             self.assert_gradients(fastest(64), (2, 3, 130, 64), packed=True, scale=0.3)
 
+    def test_deterministic_algorithms_give_the_same_bits(self):
+        q, k, v = (torch.randn(2, 3, 197, 64, device="cuda", dtype=torch.half, requires_grad=True)
+                   for _ in range(3))
+        d_o = torch.randn(2, 3, 197, 64, device="cuda", dtype=torch.half)
+        torch.use_deterministic_algorithms(True)
+        try:
+            runs = [torch.autograd.grad(steps.attention(q, k, v, step=fastest(64)), (q, k, v), d_o)
+                    for _ in range(2)]
+        finally:
+            torch.use_deterministic_algorithms(False)
+        for first, second in zip(*runs):
+            self.assertTrue(torch.equal(first, second))
+
     def test_compiled_training_step_has_no_graph_break(self):
         step = fastest(64)
 

@@ -215,7 +215,7 @@ std::tuple<at::Tensor, at::Tensor> attention_kernel(const at::Tensor& q, const a
 std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_kernel(
     const at::Tensor& d_o, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     const at::Tensor& o, const at::Tensor& log_sum_exp, c10::string_view step,
-    std::optional<double> scale) {
+    std::optional<double> scale, bool deterministic) {
   const std::string id(step);
   const StepFacts& facts = facts_of(id);
   TORCH_CHECK_VALUE(facts.is_backward, "attention_steps: ", id, " is not a backward step");
@@ -250,6 +250,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_kernel(
   call.scale = scale.value_or(0.0);
   call.stream = at::cuda::getCurrentCUDAStream(q.get_device()).stream();
   call.pointers_checked_by_caller = 1;
+  call.deterministic = deterministic ? 1 : 0;
   at::Tensor workspace;
   size_t bytes = 0;
   if (attn_workspace_bytes(id.c_str(), call.batch, call.heads, call.tokens, call.head_dim, &bytes,
@@ -303,8 +304,10 @@ class AttentionFunction : public torch::autograd::Function<AttentionFunction> {
                                .findSchemaOrThrow("attention_steps::attention_backward", "")
                                .typed<decltype(attention_backward_kernel)>();
     const c10::IValue& scale = context->saved_data["scale"];
+    // torch.use_deterministic_algorithms(True) asks for the same bits on every run.
     auto [dq, dk, dv] = op.call(grads[0], q, k, v, o, lse, *backward,
-                                scale.isNone() ? std::nullopt : std::optional<double>(scale.toDouble()));
+                                scale.isNone() ? std::nullopt : std::optional<double>(scale.toDouble()),
+                                at::globalContext().deterministicAlgorithms());
     return {dq, dk, dv, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
@@ -325,7 +328,8 @@ TORCH_LIBRARY(attention_steps, m) {
   m.def("attention(Tensor q, Tensor k, Tensor v, str step, float? scale=None, "
         "Tensor? key_padding_mask=None, bool return_log_sum_exp=False) -> (Tensor, Tensor)");
   m.def("attention_backward(Tensor d_o, Tensor q, Tensor k, Tensor v, Tensor o, "
-        "Tensor log_sum_exp, str step, float? scale=None) -> (Tensor, Tensor, Tensor)");
+        "Tensor log_sum_exp, str step, float? scale=None, bool deterministic=False) -> "
+        "(Tensor, Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(attention_steps, CUDA, m) {
