@@ -85,6 +85,22 @@ int main(void) {
                 ATTN_REFUSED, message, "--head-dim 48", "attn_run refuses head dim 48 too");
   expect_answer(attn_launch("v0", NULL, message, sizeof message), ATTN_REFUSED, message,
                 "args is NULL", "attn_launch refuses NULL arguments");
+  expect_answer(attn_launch_backward("v0", NULL, message, sizeof message), ATTN_REFUSED, message,
+                "args is NULL", "attn_launch_backward refuses NULL arguments");
+  for (i = 0; i < count; ++i) {  /* a backward step and a forward one, each refused by the other's entry */
+    attn_launch_args call = {0};
+    attn_backward_args backward = {0};
+    if (attn_step_get(i, &info) != ATTN_OK || !info.is_backward) continue;
+    call.batch = call.heads = 1;
+    call.tokens = call.head_dim = 64;
+    expect_answer(attn_launch(info.id, &call, message, sizeof message), ATTN_REFUSED, message,
+                  "backward step", "attn_launch refuses a backward step");
+    backward.batch = backward.heads = 1;
+    backward.tokens = backward.head_dim = 64;
+    expect_answer(attn_launch_backward("v0", &backward, message, sizeof message), ATTN_REFUSED,
+                  message, "forward step", "attn_launch_backward refuses a forward step");
+    break;
+  }
   {
     attn_launch_args call = {0};
     call.batch = 1;
