@@ -541,7 +541,8 @@ std::size_t shared_bytes_needed(const attn::Shape& shape) {
 }  // namespace
 
 ATTN_REGISTER_STEP(attn::StepInfo{ATTN_STEP_ID,
-                                  "flash backward: P rebuilt from L, dK and dV per K/V tile, dQ by atomics",
+                                  "flash backward: P rebuilt from L, dK and dV per K/V tile, "
+                                  "dQ by atomics (or a pass of its own)",
                                   {64, 128}, 80, 0, shared_bytes_needed,
                                   /*launch=*/nullptr, workspace_bytes_needed,
                                   attn::StepKind::backward, /*takes_strides=*/false,
