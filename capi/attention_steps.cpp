@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <exception>
+#include <initializer_list>
 #include <map>
 #include <mutex>
 #include <new>
@@ -182,20 +183,87 @@ std::size_t span_bytes(const attn::Shape& shape, const attn::TensorStrides& stri
 // Everything a launch needs, judged before anything is queued. Returns the device.
 // With query_cuda false (attn_launch_args::pointers_checked_by_caller) the caller has vouched
 // for the pointers' and the stream's device: only the arithmetic checks run.
-int check_run(const attn::StepInfo& step, const attn::Shape& shape, const void* q, const void* k,
-              const void* v, const void* o, void* stream, const attn::TensorStrides& qkv_strides,
-              const attn::TensorStrides& o_strides, const void* log_sum_exp, bool query_cuda) {
+// The current device, once the step serves the shape there and no CUDA error from earlier work
+// is pending (a launch's own check would report it: say so now, launch nothing, and clear it so
+// it is reported once).
+int device_for_launch(const attn::StepInfo& step, const attn::Shape& shape) {
   if (auto reason = step.refuses(shape)) throw Refused{*reason};
   const int device = current_device();
   if (auto reason = step.refuses(shape, limits_of(device))) throw Refused{*reason};
-  // An error left pending by earlier work would be reported by this launch's check: say so
-  // now, launch nothing, and clear it so it is reported once.
   if (const cudaError_t pending = cudaPeekAtLastError(); pending != cudaSuccess) {
     cudaGetLastError();
     throw attn::CudaError(std::string("a CUDA error from earlier work was pending on this "
                                       "thread, so nothing was launched: ") +
                           cudaGetErrorName(pending) + " (" + cudaGetErrorString(pending) + ")");
   }
+  return device;
+}
+
+void check_scale(double scale) {
+  if (!(scale >= 0.0) || !std::isfinite(scale)) {
+    throw Refused{"scale " + std::to_string(scale) +
+                  ": it must be finite and positive (0 means 1/sqrt(head_dim))"};
+  }
+}
+
+// Calls run(workspace) with the scratch `step` needs at `shape`: none; the caller's (`given`,
+// checked: large enough, device memory, overlapping none of `tensors`, each `tensor_bytes`
+// long); or, when none is given, memory allocated and freed in the stream's order, so the call
+// stays asynchronous (and can be captured into a graph). A GPU without memory pools gets
+// cudaMalloc and a synchronisation.
+template <typename Run>
+void with_workspace(const attn::StepInfo& step, const attn::Shape& shape, int device, void* given,
+                    std::size_t given_bytes, bool query_cuda, void* stream,
+                    std::initializer_list<const void*> tensors, std::size_t tensor_bytes,
+                    Run&& run) {
+  const std::size_t needed = step.workspace_for(shape);
+  if (needed == 0) return run(nullptr);
+  if (given != nullptr) {
+    if (given_bytes < needed) {
+      throw Refused{step.id + " needs " + std::to_string(needed) +
+                    " bytes of workspace at this shape; " + std::to_string(given_bytes) +
+                    " given"};
+    }
+    check_pointer("workspace", given, device, query_cuda);
+    for (const void* tensor : tensors) {
+      if (overlaps(given, needed, tensor, tensor_bytes)) {
+        throw Refused{"the workspace overlaps q, k, v or o"};
+      }
+    }
+    return run(given);
+  }
+  const auto cuda_stream = static_cast<cudaStream_t>(stream);
+  int pools = 0;
+  CUDA_CHECK(cudaDeviceGetAttribute(&pools, cudaDevAttrMemoryPoolsSupported, device));
+  void* workspace = nullptr;
+  const cudaError_t status = pools ? cudaMallocAsync(&workspace, needed, cuda_stream)
+                                   : cudaMalloc(&workspace, needed);
+  if (status != cudaSuccess) {
+    cudaGetLastError();
+    throw attn::CudaError(step.id + " needs " + attn::gibibytes(double(needed)) +
+                          " of workspace at this shape and could not get it (" +
+                          cudaGetErrorString(status) + ")");
+  }
+  struct Release {  // frees the workspace on every path out, launch failure included
+    void* pointer;
+    cudaStream_t stream;
+    bool pools;
+    ~Release() {
+      if (pools) {
+        cudaFreeAsync(pointer, stream);
+      } else {
+        cudaStreamSynchronize(stream);
+        cudaFree(pointer);
+      }
+    }
+  } release{workspace, cuda_stream, pools != 0};
+  run(workspace);
+}
+
+int check_run(const attn::StepInfo& step, const attn::Shape& shape, const void* q, const void* k,
+              const void* v, const void* o, void* stream, const attn::TensorStrides& qkv_strides,
+              const attn::TensorStrides& o_strides, const void* log_sum_exp, bool query_cuda) {
+  const int device = device_for_launch(step, shape);
   for (const auto& [name, pointer] : {std::pair<const char*, const void*>{"q", q}, {"k", k},
                                        {"v", v}, {"o", o}}) {
     check_pointer(name, pointer, device, query_cuda);
@@ -402,10 +470,7 @@ void launch_call(const char* id, const attn_launch_args& call) {
     throw Refused{step.id + " does not write L (the log-sum-exp); steps that do have "
                   "writes_log_sum_exp in their info"};
   }
-  if (!(call.scale >= 0.0) || !std::isfinite(call.scale)) {
-    throw Refused{"scale " + std::to_string(call.scale) +
-                  ": it must be finite and positive (0 means 1/sqrt(head_dim))"};
-  }
+  check_scale(call.scale);
   attn::AttentionArgs args = args_for(shape, call.q, call.k, call.v, call.o, nullptr, call.stream);
   if (call.scale > 0.0) args.scale = call.scale;
   args.qkv_strides = strides_of("qkv", call.qkv_strides, shape);
@@ -418,57 +483,12 @@ void launch_call(const char* id, const attn_launch_args& call) {
   const int device = check_run(step, shape, call.q, call.k, call.v, call.o, call.stream,
                                args.qkv_strides, args.o_strides, call.log_sum_exp, query_cuda);
   args.log_sum_exp = static_cast<float*>(call.log_sum_exp);
-  const std::size_t needed = step.workspace_for(shape);
-  if (needed == 0) {
-    launch(step, args);
-    return;
-  }
-  if (call.workspace != nullptr) {
-    if (call.workspace_bytes < needed) {
-      throw Refused{step.id + " needs " + std::to_string(needed) +
-                    " bytes of workspace at this shape; " + std::to_string(call.workspace_bytes) +
-                    " given"};
-    }
-    check_pointer("workspace", call.workspace, device, query_cuda);
-    for (const void* tensor : {call.q, call.k, call.v, static_cast<const void*>(call.o)}) {
-      if (overlaps(call.workspace, needed, tensor, std::size_t(shape.elements()) * sizeof(__half))) {
-        throw Refused{"the workspace overlaps q, k, v or o"};
-      }
-    }
-    args.workspace = call.workspace;
-    launch(step, args);
-    return;
-  }
-  // Stream-ordered scratch: allocated, used and freed in the stream's order, so the call stays
-  // asynchronous (and can be captured into a graph). A GPU without memory pools gets cudaMalloc
-  // and a synchronisation.
-  const auto cuda_stream = static_cast<cudaStream_t>(call.stream);
-  int pools = 0;
-  CUDA_CHECK(cudaDeviceGetAttribute(&pools, cudaDevAttrMemoryPoolsSupported, device));
-  void* workspace = nullptr;
-  const cudaError_t status = pools ? cudaMallocAsync(&workspace, needed, cuda_stream)
-                                   : cudaMalloc(&workspace, needed);
-  if (status != cudaSuccess) {
-    cudaGetLastError();
-    throw attn::CudaError(step.id + " needs " + attn::gibibytes(double(needed)) +
-                          " of workspace at this shape and could not get it (" +
-                          cudaGetErrorString(status) + ")");
-  }
-  struct Release {  // frees the workspace on every path out, launch failure included
-    void* pointer;
-    cudaStream_t stream;
-    bool pools;
-    ~Release() {
-      if (pools) {
-        cudaFreeAsync(pointer, stream);
-      } else {
-        cudaStreamSynchronize(stream);
-        cudaFree(pointer);
-      }
-    }
-  } release{workspace, cuda_stream, pools != 0};
-  args.workspace = workspace;
-  launch(step, args);
+  with_workspace(step, shape, device, call.workspace, call.workspace_bytes, query_cuda, call.stream,
+                 {call.q, call.k, call.v, call.o}, std::size_t(shape.elements()) * sizeof(__half),
+                 [&](void* workspace) {
+                   args.workspace = workspace;
+                   launch(step, args);
+                 });
 }
 
 // attn_launch_backward. The checks of a forward launch, for eight tensors and L.
@@ -478,19 +498,8 @@ void launch_backward_call(const char* id, const attn_backward_args& call) {
     throw Refused{step.id + " is a forward step; attn_launch_backward runs backward steps"};
   }
   const attn::Shape shape = shape_of(call.batch, call.heads, call.tokens, call.head_dim);
-  if (!(call.scale >= 0.0) || !std::isfinite(call.scale)) {
-    throw Refused{"scale " + std::to_string(call.scale) +
-                  ": it must be finite and positive (0 means 1/sqrt(head_dim))"};
-  }
-  if (auto reason = step.refuses(shape)) throw Refused{*reason};
-  const int device = current_device();
-  if (auto reason = step.refuses(shape, limits_of(device))) throw Refused{*reason};
-  if (const cudaError_t pending = cudaPeekAtLastError(); pending != cudaSuccess) {
-    cudaGetLastError();
-    throw attn::CudaError(std::string("a CUDA error from earlier work was pending on this "
-                                      "thread, so nothing was launched: ") +
-                          cudaGetErrorName(pending) + " (" + cudaGetErrorString(pending) + ")");
-  }
+  check_scale(call.scale);
+  const int device = device_for_launch(step, shape);
   const bool query_cuda = call.pointers_checked_by_caller == 0;
   const std::size_t bytes = std::size_t(shape.elements()) * sizeof(__half);
   const std::pair<const char*, const void*> inputs[] = {
@@ -524,30 +533,12 @@ void launch_backward_call(const char* id, const attn_backward_args& call) {
   args.scale = call.scale > 0.0 ? call.scale : 1.0 / std::sqrt(double(shape.head_dim));
   args.stream = static_cast<cudaStream_t>(call.stream);
   args.deterministic = call.deterministic != 0;
-  const std::size_t needed = step.workspace_for(shape);
-  auto run = [&](void* workspace) {
-    args.workspace = workspace;
-    step.launch_backward(args);
-    CUDA_CHECK_LAUNCH();
-  };
-  if (needed == 0) return run(nullptr);
-  if (call.workspace != nullptr) {
-    if (call.workspace_bytes < needed) {
-      throw Refused{step.id + " needs " + std::to_string(needed) +
-                    " bytes of workspace at this shape; " + std::to_string(call.workspace_bytes) +
-                    " given"};
-    }
-    check_pointer("workspace", call.workspace, device, query_cuda);
-    return run(call.workspace);
-  }
-  void* workspace = nullptr;
-  CUDA_CHECK(cudaMallocAsync(&workspace, needed, args.stream));
-  struct Release {
-    void* pointer;
-    cudaStream_t stream;
-    ~Release() { cudaFreeAsync(pointer, stream); }
-  } release{workspace, args.stream};
-  run(workspace);
+  with_workspace(step, shape, device, call.workspace, call.workspace_bytes, query_cuda, call.stream,
+                 {}, 0, [&](void* workspace) {
+                   args.workspace = workspace;
+                   step.launch_backward(args);
+                   CUDA_CHECK_LAUNCH();
+                 });
 }
 
 // The call of attn_run_strided and attn_run_with_log_sum_exp: NULL strides are contiguous.

@@ -114,6 +114,14 @@ static void synchronize_or_remember(cudaStream_t stream, double limit_seconds, O
   }
 }
 
+// After a hang every later run of this process would hang too: it fails at once instead.
+static void throw_if_gpu_hung() {
+  if (!gpu_hang_reason().empty()) {
+    throw GpuHang("not run: an earlier kernel of this process never finished and still occupies "
+                  "the GPU (" + gpu_hang_reason() + ")");
+  }
+}
+
 void exit_if_gpu_hung(int status) {
   if (gpu_hang_reason().empty()) return;
   std::fflush(nullptr);
@@ -123,10 +131,7 @@ void exit_if_gpu_hung(int status) {
 BackwardRunResult run_backward_step(const StepInfo& step, const HostTensors& inputs,
                                     const std::vector<__half>& d_o,
                                     const BackwardReference* reference, const RunConfig& config) {
-  if (!gpu_hang_reason().empty()) {
-    throw GpuHang("not run: an earlier kernel of this process never finished and still occupies "
-                  "the GPU (" + gpu_hang_reason() + ")");
-  }
+  throw_if_gpu_hung();
   const StepInfo* forward = find_step(step.forward_step);
   if (step.launch_backward == nullptr || forward == nullptr || forward->launch == nullptr ||
       !forward->writes_log_sum_exp) {
@@ -219,10 +224,7 @@ RunResult run_step(const StepInfo& step, const HostTensors& inputs, const Refere
   if (step.kind == StepKind::backward) {
     throw std::logic_error(step.id + " is a backward step: run_backward_step runs it");
   }
-  if (!gpu_hang_reason().empty()) {
-    throw GpuHang("not run: an earlier kernel of this process never finished and still occupies "
-                  "the GPU (" + gpu_hang_reason() + ")");
-  }
+  throw_if_gpu_hung();
   const Shape& shape = inputs.shape;
   if (const auto hung = hung_steps().find(step.id); hung != hung_steps().end()) {
     // The checked build's watchdog ended it; it would only hang again.

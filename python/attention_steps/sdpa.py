@@ -88,16 +88,12 @@ def _why_not(query, key, value, attn_mask, dropout_p, is_causal):
     served = plan_for(device_index).get(query.shape[-1])
     if served is None:
         return None, f"head dim {query.shape[-1]}"
-    if _needs_grad(tensors) and query.shape[-1] not in _backward_dims[device_index]:
+    if torch_op.needs_grad(tensors) and query.shape[-1] not in _backward_dims[device_index]:
         return None, f"a gradient at head dim {query.shape[-1]} (no backward step serves it)"
     step, max_tokens = served
     if max_tokens is not None and query.shape[-2] > max_tokens:
         return None, f"{query.shape[-2]} tokens (more than {step} serves at this head dim)"
     return step, None
-
-
-def _needs_grad(tensors):
-    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
 
 
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0,
@@ -106,9 +102,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     (see the module's docstring), by PyTorch's otherwise."""
     step, reason = _why_not(query, key, value, attn_mask, dropout_p, is_causal)
     if step is not None:
-        # L only when autograd will keep it for the backward (v9 rebuilds P from it).
         return _attention_op(query, key, value, step, scale, None,
-                             _needs_grad((query, key, value)))[0]
+                             torch_op.needs_grad((query, key, value)))[0]
     if _settings["verbose"] and reason not in _said and not torch.compiler.is_compiling():
         _said.add(reason)
         print(f"attention_steps: PyTorch's scaled_dot_product_attention runs calls with {reason}")

@@ -37,11 +37,8 @@ def attention(q, k, v, step="v6", *, scale=None):
     contiguous copies. Queued on the current stream of their device. Raises ValueError for a
     shape the step does not serve on this GPU (with the library's reason) and for bad tensors,
     TypeError for a dtype other than float16, RuntimeError for a CUDA failure."""
-    # L only where autograd will keep it for a backward: it costs the forward 1-12% (chapter 07).
-    needs_grad = torch.is_grad_enabled() and any(
-        getattr(tensor, "requires_grad", False) for tensor in (q, k, v))
     operator = _attention_op if _attention_op is not None else torch_op.load()  # says how to build it
-    return operator(q, k, v, step, scale, None, needs_grad)[0]
+    return operator(q, k, v, step, scale, None, torch_op.needs_grad((q, k, v)))[0]
 
 
 class StepSelfAttention(nn.Module):

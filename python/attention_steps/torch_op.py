@@ -27,6 +27,12 @@ def _takes_strides(step):
     return load_library().step(step).takes_strides
 
 
+def needs_grad(tensors):
+    """Whether autograd will want a backward of these inputs: then the forward keeps L, which v9
+    rebuilds P from (writing it costs the forward 1-12%, chapter 07)."""
+    return torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in tensors)
+
+
 def _fake_attention(q, k, v, step, scale=None, key_padding_mask=None, return_log_sum_exp=False):
     # The same outputs as the CUDA implementation, for fake (and symbolic) shapes.
     batch, heads, tokens, head_dim = q.shape

@@ -132,6 +132,28 @@ bool same(const attn_strides& a, const attn_strides& b) {
   return a.batch == b.batch && a.head == b.head && a.token == b.token;
 }
 
+// The scratch memory step `id` needs at this shape, from torch's caching allocator (stream-
+// ordered like the tensors, and capture-safe), into the call's workspace fields; an undefined
+// tensor when it needs none. The tensor must outlive the launch's queuing.
+template <typename Call>
+at::Tensor workspace_for(const std::string& id, const at::Tensor& q, Call& call) {
+  size_t bytes = 0;
+  if (attn_workspace_bytes(id.c_str(), q.size(0), q.size(1), q.size(2), q.size(3), &bytes, nullptr,
+                           0) != ATTN_OK || bytes == 0) {
+    return {};
+  }
+  at::Tensor workspace = at::empty({int64_t(bytes)}, q.options().dtype(at::kByte));
+  call.workspace = workspace.data_ptr();
+  call.workspace_bytes = bytes;
+  return workspace;
+}
+
+// A refusal as ValueError, any other failure as RuntimeError, with the library's line.
+void check_status(int status, const char* message) {
+  TORCH_CHECK_VALUE(status != ATTN_REFUSED, "attention_steps: ", message);
+  TORCH_CHECK(status == ATTN_OK, "attention_steps: ", message);
+}
+
 std::tuple<at::Tensor, at::Tensor> attention_kernel(const at::Tensor& q, const at::Tensor& k,
                                                   const at::Tensor& v, c10::string_view step,
                                                   std::optional<double> scale,
@@ -193,21 +215,9 @@ std::tuple<at::Tensor, at::Tensor> attention_kernel(const at::Tensor& q, const a
   call.scale = scale.value_or(0.0);
   call.stream = at::cuda::getCurrentCUDAStream(q.get_device()).stream();
   call.pointers_checked_by_caller = 1;  // torch tensors of this device, torch's stream
-  at::Tensor workspace;
-  if (facts.uses_workspace) {
-    size_t bytes = 0;
-    if (attn_workspace_bytes(id.c_str(), batch, heads, tokens, head_dim, &bytes, nullptr, 0) == ATTN_OK &&
-        bytes > 0) {
-      // From torch's caching allocator: stream-ordered like the tensors, and capture-safe.
-      workspace = at::empty({int64_t(bytes)}, q.options().dtype(at::kByte));
-      call.workspace = workspace.data_ptr();
-      call.workspace_bytes = bytes;
-    }
-  }
+  const at::Tensor workspace = facts.uses_workspace ? workspace_for(id, q, call) : at::Tensor();
   char message[1024];
-  const int status = attn_launch(id.c_str(), &call, message, sizeof message);
-  TORCH_CHECK_VALUE(status != ATTN_REFUSED, "attention_steps: ", message);
-  TORCH_CHECK(status == ATTN_OK, "attention_steps: ", message);
+  check_status(attn_launch(id.c_str(), &call, message, sizeof message), message);
   return {o, log_sum_exp};
 }
 
@@ -251,18 +261,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_kernel(
   call.stream = at::cuda::getCurrentCUDAStream(q.get_device()).stream();
   call.pointers_checked_by_caller = 1;
   call.deterministic = deterministic ? 1 : 0;
-  at::Tensor workspace;
-  size_t bytes = 0;
-  if (attn_workspace_bytes(id.c_str(), call.batch, call.heads, call.tokens, call.head_dim, &bytes,
-                           nullptr, 0) == ATTN_OK && bytes > 0) {
-    workspace = at::empty({int64_t(bytes)}, q.options().dtype(at::kByte));
-    call.workspace = workspace.data_ptr();
-    call.workspace_bytes = bytes;
-  }
+  const at::Tensor workspace = workspace_for(id, q, call);
   char message[1024];
-  const int status = attn_launch_backward(id.c_str(), &call, message, sizeof message);
-  TORCH_CHECK_VALUE(status != ATTN_REFUSED, "attention_steps: ", message);
-  TORCH_CHECK(status == ATTN_OK, "attention_steps: ", message);
+  check_status(attn_launch_backward(id.c_str(), &call, message, sizeof message), message);
   return {dq, dk, dv};
 }
 
