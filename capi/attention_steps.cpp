@@ -322,7 +322,7 @@ attn::AttentionArgs args_for(const attn::Shape& shape, const void* q, const void
 void launch(const attn::StepInfo& step, const attn::AttentionArgs& args) {
   static std::mutex baseline_mutex;
   std::unique_lock<std::mutex> lock(baseline_mutex, std::defer_lock);
-  if (step.kind == attn::StepKind::baseline) lock.lock();
+  if (attn::is_baseline(step.kind)) lock.lock();
   step.launch(args);
   CUDA_CHECK_LAUNCH();
 }
@@ -351,7 +351,7 @@ int attn_step_get(int index, attn_step_info* info) {
     *info = attn_step_info{};
     info->id = step.id.c_str();
     info->title = step.title.c_str();
-    info->is_baseline = step.kind == attn::StepKind::baseline ? 1 : 0;
+    info->is_baseline = attn::is_baseline(step.kind) ? 1 : 0;
     info->head_dim_count = int(std::min<std::size_t>(step.head_dims.size(), ATTN_MAX_HEAD_DIMS));
     for (int i = 0; i < info->head_dim_count; ++i) info->head_dims[i] = step.head_dims[std::size_t(i)];
     info->min_compute_capability = step.min_compute_capability;
@@ -360,7 +360,7 @@ int attn_step_get(int index, attn_step_info* info) {
     info->uses_workspace = step.workspace_bytes != nullptr ? 1 : 0;
     info->takes_strides = step.takes_strides ? 1 : 0;
     info->writes_log_sum_exp = step.writes_log_sum_exp ? 1 : 0;
-    info->is_backward = step.kind == attn::StepKind::backward ? 1 : 0;
+    info->is_backward = attn::is_backward(step.kind) ? 1 : 0;
   });
 }
 
@@ -453,7 +453,7 @@ attn::TensorStrides strides_of(const char* name, const attn_strides& given,
 // argument is accepted.
 void launch_call(const char* id, const attn_launch_args& call) {
   const attn::StepInfo& step = step_named(id);
-  if (step.kind == attn::StepKind::backward) {
+  if (attn::is_backward(step.kind)) {
     throw Refused{step.id + " is a backward step (dQ, dK, dV from dO); the C ABI runs forward "
                   "steps"};
   }
@@ -494,7 +494,7 @@ void launch_call(const char* id, const attn_launch_args& call) {
 // attn_launch_backward. The checks of a forward launch, for eight tensors and L.
 void launch_backward_call(const char* id, const attn_backward_args& call) {
   const attn::StepInfo& step = step_named(id);
-  if (step.kind != attn::StepKind::backward) {
+  if (!attn::is_backward(step.kind)) {
     throw Refused{step.id + " is a forward step; attn_launch_backward runs backward steps"};
   }
   const attn::Shape shape = shape_of(call.batch, call.heads, call.tokens, call.head_dim);

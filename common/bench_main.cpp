@@ -85,7 +85,7 @@ BenchOptions parse(int argc, char** argv) {
         for (std::string id; std::getline(stream, id, ',');) {
           const StepInfo* found = find_step(id);
           if (found == nullptr) throw UsageError("--steps: no step or baseline '" + id + "' (see --list)");
-          if (found->kind == StepKind::backward) {
+          if (is_backward(found->kind)) {
             throw UsageError("--steps: " + id + " is a backward step; the bench times forward "
                              "steps (./step" + id.substr(1) + " times it)");
           }
@@ -118,7 +118,7 @@ BenchOptions parse(int argc, char** argv) {
   }
   if (options.steps.empty()) {
     for (const StepInfo& step : registered_steps()) {
-      if (step.kind != StepKind::backward) options.steps.push_back(step.id);
+      if (!is_backward(step.kind)) options.steps.push_back(step.id);
     }
   }
   return options;
@@ -175,8 +175,10 @@ void print_gpu_table() {
   std::cout << "\n";
   for (const StepInfo& step : registered_steps()) {
     std::cout << "| " << step.id
-              << (step.kind == StepKind::baseline ? " (baseline)"
-                  : step.kind == StepKind::backward ? " (backward)" : "")
+              << (step.kind == StepKind::baseline            ? " (baseline)"
+                  : step.kind == StepKind::backward          ? " (backward)"
+                  : step.kind == StepKind::backward_baseline ? " (backward baseline)"
+                                                             : "")
               << " | "
               << step.compute_capability_range() << " |";
     for (const SharedBudget& budget : kSharedBudgets) {

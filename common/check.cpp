@@ -154,75 +154,128 @@ void compare_log_sum_exp(const Shape& shape, const Reference& reference,
   result.passed = result.passed && passed;
 }
 
+namespace {
+
+// One gradient against its reference values over some slices: want(position in `slices`, index
+// within the slice).
+struct GradientError {
+  double relative = 0, max_abs_error = 0, largest = 0;
+  int64_t nonfinite = 0;
+  std::string where, first_nonfinite;
+};
+template <typename Want>
+GradientError gradient_error(const Shape& shape, const std::vector<int64_t>& slices,
+                             const std::vector<__half>& got, Want&& want) {
+  const int64_t slice_size = shape.tokens * shape.head_dim;
+  GradientError result;
+  double error_sq = 0, reference_sq = 0;
+  for (std::size_t s = 0; s < slices.size(); ++s) {
+    const int64_t slice = slices[s];
+    for (int64_t i = 0; i < slice_size; ++i) {
+      const double wanted = want(s, i);
+      result.largest = std::max(result.largest, std::fabs(wanted));
+      const double value = double(__half2float(got[std::size_t(slice * slice_size + i)]));
+      if (!std::isfinite(value)) {
+        if (result.nonfinite++ == 0) result.first_nonfinite = location(shape, slice * slice_size + i);
+        continue;
+      }
+      const double error = std::fabs(value - wanted);
+      error_sq += error * error;
+      reference_sq += wanted * wanted;
+      if (error > result.max_abs_error) {
+        result.max_abs_error = error;
+        result.where = location(shape, slice * slice_size + i) + ": got " + std::to_string(value) +
+                       ", want " + std::to_string(wanted);
+      }
+    }
+  }
+  result.relative = reference_sq > 0 ? std::sqrt(error_sq / reference_sq) : std::sqrt(error_sq);
+  return result;
+}
+
+// dQ, dK and dV's errors judged together: each passes on its relative error and on its largest
+// error against 8u times its largest value, with dV's largest as the floor (where a row has one
+// key, N = 1, dQ and dK vanish, and what a kernel returns is the rounding of terms of dV's size
+// that cancel). Returns whether all three passed; the worst (or first failing) is described.
+struct GradientVerdict {
+  bool passed = true;
+  double relative_error = 0, max_abs_error = 0, abs_tolerance = 0;
+  int64_t nonfinite = 0;
+  std::string worst;
+};
+GradientVerdict judge(const GradientError (&errors)[3], const char* against) {
+  const char* names[] = {"dQ", "dK", "dV"};
+  GradientVerdict verdict;
+  double worst_ratio = -1;  // of the gradients' max abs errors to their tolerances
+  for (int which = 0; which < 3; ++which) {
+    const GradientError& error = errors[which];
+    const double abs_tolerance = kGradientAbsoluteFactor * std::max(error.largest, errors[2].largest);
+    const bool passed = error.nonfinite == 0 && error.relative <= kGradientRelativeTolerance &&
+                        error.max_abs_error <= abs_tolerance;
+    verdict.nonfinite += error.nonfinite;
+    verdict.relative_error = std::max(verdict.relative_error, error.relative);
+    const double ratio = abs_tolerance > 0 ? error.max_abs_error / abs_tolerance : error.max_abs_error;
+    const std::string described =
+        error.nonfinite > 0 ? std::string(names[which]) + ": first non-finite value at " + error.first_nonfinite
+                            : std::string(names[which]) + ": relative error " + std::to_string(error.relative) +
+                                  ", largest error against the " + against + " at " + error.where;
+    if (ratio > worst_ratio) {
+      worst_ratio = ratio;
+      verdict.max_abs_error = error.max_abs_error;
+      verdict.abs_tolerance = abs_tolerance;
+      if (verdict.passed) verdict.worst = described;
+    }
+    if (!passed && verdict.passed) verdict.worst = described;  // the first failure is named
+    verdict.passed = verdict.passed && passed;
+  }
+  return verdict;
+}
+
+}  // namespace
+
 CheckResult compare_gradients(const Shape& shape, const BackwardReference& reference,
                               const std::vector<__half>& dq, const std::vector<__half>& dk,
-                              const std::vector<__half>& dv) {
-  const int64_t slice_size = shape.tokens * shape.head_dim;
-  CheckResult result;
-  result.checked = true;
-  result.passed = true;
-  result.checked_slices = int64_t(reference.slices.size());
-  result.total_slices = shape.slices();
-  result.relative_tolerance = kGradientRelativeTolerance;
-  double worst_ratio = -1;  // of the gradients' max abs errors to their tolerances
+                              const std::vector<__half>& dv, const AllSliceGradients& all) {
   const std::vector<double> SliceGradients::*wanted[] = {&SliceGradients::dq, &SliceGradients::dk,
                                                           &SliceGradients::dv};
   const std::vector<__half>* gotten[] = {&dq, &dk, &dv};
-  const char* names[] = {"dQ", "dK", "dV"};
-  // dV's largest value sets a floor under every gradient's: where a row has one key (N = 1), dQ
-  // and dK vanish, and what a kernel returns is the rounding of terms of dV's size that cancel.
-  double dv_largest = 0;
-  for (std::size_t s = 0; s < reference.slices.size(); ++s) {
-    for (double value : reference.gradients[s].dv) dv_largest = std::max(dv_largest, std::fabs(value));
-  }
+  GradientError errors[3];
   for (int which = 0; which < 3; ++which) {
-    double error_sq = 0, reference_sq = 0, largest = dv_largest, max_abs_error = 0;
-    int64_t nonfinite = 0;
-    std::string where, first_nonfinite;
-    for (std::size_t s = 0; s < reference.slices.size(); ++s) {
-      const int64_t slice = reference.slices[s];
-      const std::vector<double>& want = reference.gradients[s].*wanted[which];
-      const __half* got = gotten[which]->data() + slice * slice_size;
-      for (int64_t i = 0; i < slice_size; ++i) {
-        largest = std::max(largest, std::fabs(want[i]));
-        const double value = double(__half2float(got[i]));
-        if (!std::isfinite(value)) {
-          if (nonfinite++ == 0) first_nonfinite = location(shape, slice * slice_size + i);
-          continue;
-        }
-        const double error = std::fabs(value - want[i]);
-        error_sq += error * error;
-        reference_sq += want[i] * want[i];
-        if (error > max_abs_error) {
-          max_abs_error = error;
-          where = location(shape, slice * slice_size + i) + ": got " + std::to_string(value) +
-                  ", want " + std::to_string(want[i]);
-        }
-      }
-    }
-    const double relative = reference_sq > 0 ? std::sqrt(error_sq / reference_sq) : std::sqrt(error_sq);
-    const double abs_tolerance = kGradientAbsoluteFactor * largest;
-    const bool passed = nonfinite == 0 && relative <= kGradientRelativeTolerance &&
-                        max_abs_error <= abs_tolerance;
-    result.nonfinite += nonfinite;
-    result.relative_error = std::max(result.relative_error, relative);
-    const double ratio = abs_tolerance > 0 ? max_abs_error / abs_tolerance : max_abs_error;
-    if (ratio > worst_ratio) {
-      worst_ratio = ratio;
-      result.max_abs_error = max_abs_error;
-      result.abs_tolerance = abs_tolerance;
-    }
-    if (!passed && result.passed) {
-      result.worst = nonfinite > 0 ? std::string(names[which]) + ": first non-finite value at " + first_nonfinite
-                                   : std::string(names[which]) + ": relative error " +
-                                         std::to_string(relative) + ", largest error at " + where;
-    }
-    if (result.worst.empty() || (passed && result.passed && ratio >= worst_ratio)) {
-      result.worst = std::string(names[which]) + ": relative error " + std::to_string(relative) +
-                     ", largest error at " + where;
-    }
-    result.passed = result.passed && passed;
+    errors[which] = gradient_error(shape, reference.slices, *gotten[which], [&](std::size_t s, int64_t i) {
+      return (reference.gradients[s].*wanted[which])[std::size_t(i)];
+    });
   }
+  const GradientVerdict verdict = judge(errors, "fp64 reference");
+  CheckResult result;
+  result.checked = true;
+  result.passed = verdict.passed;
+  result.checked_slices = int64_t(reference.slices.size());
+  result.total_slices = shape.slices();
+  result.relative_tolerance = kGradientRelativeTolerance;
+  result.relative_error = verdict.relative_error;
+  result.max_abs_error = verdict.max_abs_error;
+  result.abs_tolerance = verdict.abs_tolerance;
+  result.nonfinite = verdict.nonfinite;
+  result.worst = verdict.worst;
+  if (all.dq.empty()) return result;
+
+  const int64_t slice_size = shape.tokens * shape.head_dim;
+  std::vector<int64_t> every_slice(std::size_t(shape.slices()));
+  for (int64_t s = 0; s < shape.slices(); ++s) every_slice[std::size_t(s)] = s;
+  const std::vector<float>* all_wanted[] = {&all.dq, &all.dk, &all.dv};
+  for (int which = 0; which < 3; ++which) {
+    errors[which] = gradient_error(shape, every_slice, *gotten[which], [&](std::size_t s, int64_t i) {
+      return double((*all_wanted[which])[std::size_t(int64_t(s) * slice_size + i)]);
+    });
+  }
+  const GradientVerdict all_verdict = judge(errors, "GPU reference");
+  result.all_checked_slices = shape.slices();
+  result.all_relative_error = all_verdict.relative_error;
+  result.all_max_abs_error = all_verdict.max_abs_error;
+  result.all_abs_tolerance = all_verdict.abs_tolerance;
+  result.nonfinite = std::max(result.nonfinite, all_verdict.nonfinite);
+  if (!all_verdict.passed && result.passed) result.worst = all_verdict.worst;
+  result.passed = result.passed && all_verdict.passed;
   return result;
 }
 

@@ -86,10 +86,15 @@ void compare_log_sum_exp(const Shape& shape, const Reference& reference,
 // u; we allow 8u on each gradient's relative Frobenius error, and 8u times the gradient's largest
 // reference value (at least dV's: dQ and dK vanish at N = 1) on any one element. The result holds the worst of the three (`worst` names
 // it); relative_error is the largest of their relative errors.
+// `all`: the GPU backward reference's gradients of every slice (gpu_reference.hpp), checked
+// with the same tolerances into the all_* fields; empty vectors: not run.
 constexpr double kGradientRelativeTolerance = 8 * kUnitRoundoff;
 constexpr double kGradientAbsoluteFactor = 8 * kUnitRoundoff;
+struct AllSliceGradients {
+  std::vector<float> dq, dk, dv;  // [B, H, N, D] each
+};
 CheckResult compare_gradients(const Shape& shape, const BackwardReference& reference,
                               const std::vector<__half>& dq, const std::vector<__half>& dk,
-                              const std::vector<__half>& dv);
+                              const std::vector<__half>& dv, const AllSliceGradients& all = {});
 
 }  // namespace attn

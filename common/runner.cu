@@ -76,9 +76,12 @@ void ensure_fits(const StepInfo& step, const Shape& shape, bool check_all_slices
 std::size_t device_bytes_needed(const StepInfo& step, const Shape& shape, int buffer_sets,
                                 bool check_all_slices) {
   const std::size_t rows = std::size_t(shape.slices() * shape.tokens);
-  if (step.kind == StepKind::backward) {  // Q, K, V, O, dO, dQ, dK, dV, L; one set
+  if (is_backward(step.kind)) {  // Q, K, V, O, dO, dQ, dK, dV, L; one set
     return 8 * std::size_t(shape.elements()) * sizeof(__half) + rows * sizeof(float) +
-           step.workspace_for(shape);
+           step.workspace_for(shape) +
+           (check_all_slices ? 3 * std::size_t(shape.elements()) * sizeof(float) +
+                                   gpu_backward_reference_scratch_bytes(shape)
+                             : 0);
   }
   return std::size_t(buffer_sets) * 4 * std::size_t(shape.elements()) * sizeof(__half) +
          step.workspace_for(shape) +
@@ -139,7 +142,8 @@ BackwardRunResult run_backward_step(const StepInfo& step, const HostTensors& inp
                            "' (one that writes L) linked into this program");
   }
   const Shape& shape = inputs.shape;
-  ensure_fits(step, shape);
+  const bool check_all_slices = reference != nullptr && config.check_all_slices;
+  ensure_fits(step, shape, check_all_slices);
   const std::size_t count = std::size_t(shape.elements());
   const std::size_t rows = std::size_t(shape.slices() * shape.tokens);
   DeviceBuffer<__half> q(count), k(count), v(count), o(count), d_o_buffer(count), dq(count),
@@ -199,7 +203,25 @@ BackwardRunResult run_backward_step(const StepInfo& step, const HostTensors& inp
       host->resize(count);
       CUDA_CHECK(cudaMemcpy(host->data(), device, count * sizeof(__half), cudaMemcpyDeviceToHost));
     }
-    result.check = compare_gradients(shape, *reference, result.dq, result.dk, result.dv);
+    AllSliceGradients all;
+    if (check_all_slices) {  // every element, against the GPU reference
+      DeviceBuffer<float> all_dq(count), all_dk(count), all_dv(count);
+      DeviceBuffer<double> row_stats(gpu_backward_reference_scratch_bytes(shape) / sizeof(double));
+      launch_gpu_backward_reference(q.data(), k.data(), v.data(), d_o_buffer.data(), all_dq.data(),
+                                    all_dk.data(), all_dv.data(), row_stats.data(), shape,
+                                    args.scale, stream);
+      synchronize_or_remember(stream, 2 * checked_run_limit_seconds(shape), [&] {
+        abandon_buffers();
+        for (DeviceBuffer<float>* buffer : {&all_dq, &all_dk, &all_dv}) buffer->abandon();
+        row_stats.abandon();
+      });
+      for (auto [host, device] : {std::pair<std::vector<float>*, const float*>{&all.dq, all_dq.data()},
+                                  {&all.dk, all_dk.data()}, {&all.dv, all_dv.data()}}) {
+        host->resize(count);
+        CUDA_CHECK(cudaMemcpy(host->data(), device, count * sizeof(float), cudaMemcpyDeviceToHost));
+      }
+    }
+    result.check = compare_gradients(shape, *reference, result.dq, result.dk, result.dv, all);
   }
   if (config.time) {
     try {
@@ -221,7 +243,7 @@ BackwardRunResult run_backward_step(const StepInfo& step, const HostTensors& inp
 
 RunResult run_step(const StepInfo& step, const HostTensors& inputs, const Reference* reference,
                    const RunConfig& config) {
-  if (step.kind == StepKind::backward) {
+  if (is_backward(step.kind)) {
     throw std::logic_error(step.id + " is a backward step: run_backward_step runs it");
   }
   throw_if_gpu_hung();

@@ -13,7 +13,7 @@ std::vector<StepInfo>& registry() {
 
 // "v10" sorts after "v9"; baselines after all steps.
 bool comes_before(const StepInfo& a, const StepInfo& b) {
-  const bool a_numbered = a.kind != StepKind::baseline, b_numbered = b.kind != StepKind::baseline;
+  const bool a_numbered = !is_baseline(a.kind), b_numbered = !is_baseline(b.kind);
   if (a_numbered != b_numbered) return a_numbered;
   auto number = [](const std::string& id) {
     return id.size() > 1 && id[0] == 'v' ? std::stoi(id.substr(1)) : 0;

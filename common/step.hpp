@@ -139,8 +139,15 @@ inline constexpr SharedBudget kSharedBudgets[] = {
 };
 
 // A backward step computes dQ, dK and dV (launch_backward) after the forward step it names
-// (forward_step) wrote O and L; it has no forward launch of its own.
-enum class StepKind { step, baseline, backward };
+// (forward_step) wrote O and L; it has no forward launch of its own. A backward baseline is one
+// that is not a step (eager_backward): measured beside the steps, never chosen to serve.
+enum class StepKind { step, baseline, backward, backward_baseline };
+inline bool is_backward(StepKind kind) {
+  return kind == StepKind::backward || kind == StepKind::backward_baseline;
+}
+inline bool is_baseline(StepKind kind) {
+  return kind == StepKind::baseline || kind == StepKind::backward_baseline;
+}
 
 struct StepInfo {
   std::string id;                  // "v0", "v1", ... (given by CMake), or a baseline's name
@@ -195,8 +202,11 @@ const StepInfo* find_step(const std::string& id);
 
 }  // namespace attn
 
-// ATTN_STEP_ID is set per step by CMake's add_step(), so a step file never names itself.
-#define ATTN_REGISTER_STEP(...)                                          \
-  namespace {                                                            \
-  const bool attn_step_registered_ = ::attn::register_step(__VA_ARGS__); \
+// ATTN_STEP_ID is set per step by CMake's add_step(), so a step file never names itself. The
+// variable's name carries the line, so one file may register two (the eager forward and backward).
+#define ATTN_CONCAT_INNER(a, b) a##b
+#define ATTN_CONCAT(a, b) ATTN_CONCAT_INNER(a, b)
+#define ATTN_REGISTER_STEP(...)                                                              \
+  namespace {                                                                                \
+  const bool ATTN_CONCAT(attn_step_registered_, __LINE__) = ::attn::register_step(__VA_ARGS__); \
   }

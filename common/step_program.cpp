@@ -23,7 +23,7 @@ int run_step_program(const StepInfo& step, int argc, const char* const* argv, st
       return kExitPassed;
     }
     if (auto reason = step.refuses(options.shape)) throw UsageError(*reason);
-    if (options.deterministic && step.kind != StepKind::backward) {
+    if (options.deterministic && !is_backward(step.kind)) {
       throw UsageError("--deterministic: " + step.id + " is a forward step, deterministic "
                        "already (the flag is for the backward, step 9)");
     }
@@ -46,7 +46,7 @@ int run_step_program(const StepInfo& step, int argc, const char* const* argv, st
     config.iters = options.iters;
     config.max_persistent_blocks = persistent_blocks_testing_aid();
     config.deterministic = options.deterministic;
-    if (step.kind == StepKind::backward) {
+    if (is_backward(step.kind)) {
       // dO too; the forward step it pairs with makes O and L; dQ, dK and dV are checked.
       const std::vector<__half> d_o = make_output_gradient(options.shape, options.seed);
       const BackwardReference reference = compute_backward_reference(inputs, d_o, slices);

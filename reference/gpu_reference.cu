@@ -79,15 +79,165 @@ __global__ void reference_attention_fp64(const __half* q, const __half* k, const
   }
 }
 
-}  // namespace
+// ---- The backward --------------------------------------------------------------------------
 
-void launch_gpu_reference(const __half* q, const __half* k, const __half* v, float* out,
-                          float* log_sum_exp, const Shape& shape, cudaStream_t stream) {
+__device__ double half_to_double(__half value) { return double(__half2float(value)); }
+
+// A row of Q or dO (or K or V) into a warp's fp64 scratch.
+__device__ void load_row(double* row, const __half* source, int head_dim, int lane) {
+  for (int c = lane; c < head_dim; c += kWarpSize) row[c] = half_to_double(source[c]);
+  __syncwarp();
+}
+
+__device__ double dot_with(const double* row, const __half* other, int head_dim) {
+  double dot = 0.0;
+  for (int c = 0; c < head_dim; ++c) dot += row[c] * half_to_double(other[c]);
+  return dot;
+}
+
+// One warp per query row i: L_i = log sum_j exp(s_ij), D_i = sum_j P_ij dP_ij (from P and dP, not
+// from an O: the reference depends on Q, K, V and dO alone), and dQ_i = scale sum_j dS_ij K_j.
+// Lane l takes keys l, l + 32, ... for the scalars, columns l, l + 32, ... for dQ.
+__global__ void reference_backward_rows_fp64(const __half* q, const __half* k, const __half* v,
+                                             const __half* d_o, float* dq, double* row_stats,
+                                             int64_t rows_total, int tokens, int head_dim,
+                                             double scale) {
+  __shared__ double q_rows[kWarpsPerBlock][kGpuReferenceMaxHeadDim];
+  __shared__ double d_o_rows[kWarpsPerBlock][kGpuReferenceMaxHeadDim];
+  const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
+  const int64_t row_index = int64_t(blockIdx.x) * kWarpsPerBlock + warp;
+  if (row_index >= rows_total) return;
+  const int64_t slice_offset = (row_index / tokens) * int64_t(tokens) * head_dim;
+  const __half* k_slice = k + slice_offset;
+  const __half* v_slice = v + slice_offset;
+  double* q_row = q_rows[warp];
+  double* d_o_row = d_o_rows[warp];
+  load_row(q_row, q + row_index * head_dim, head_dim, lane);
+  load_row(d_o_row, d_o + row_index * head_dim, head_dim, lane);
+  // __dmul_rn: never fused into the subtraction that follows, so a score computed twice is the
+  // same number and, at N = 1, P is exactly 1 and dS exactly 0 (dQ and dK vanish, as they must).
+  auto score = [&](int key) { return __dmul_rn(scale, dot_with(q_row, k_slice + int64_t(key) * head_dim, head_dim)); };
+  auto d_p = [&](int key) { return dot_with(d_o_row, v_slice + int64_t(key) * head_dim, head_dim); };
+
+  double row_max = -INFINITY;
+  for (int key = lane; key < tokens; key += kWarpSize) row_max = fmax(row_max, score(key));
+  row_max = warp_max(row_max);
+  double row_sum = 0.0;
+  for (int key = lane; key < tokens; key += kWarpSize) row_sum += exp(score(key) - row_max);
+  const double log_sum_exp = row_max + log(warp_sum(row_sum));
+  double row_dot = 0.0;
+  for (int key = lane; key < tokens; key += kWarpSize) row_dot += exp(score(key) - log_sum_exp) * d_p(key);
+  row_dot = warp_sum(row_dot);
+
+  double dq_acc[kColumnsPerLane] = {};
+  for (int chunk = 0; chunk < tokens; chunk += kWarpSize) {
+    const int key = chunk + lane;
+    const double d_s = key < tokens ? exp(score(key) - log_sum_exp) * (d_p(key) - row_dot) : 0.0;
+    const int chunk_keys = min(kWarpSize, tokens - chunk);
+    for (int j = 0; j < chunk_keys; ++j) {
+      const double d_s_j = __shfl_sync(0xffffffffu, d_s, j);
+      const __half* k_row = k_slice + int64_t(chunk + j) * head_dim;
+      for (int i = 0; i < kColumnsPerLane; ++i) {
+        const int c = lane + i * kWarpSize;
+        if (c < head_dim) dq_acc[i] += d_s_j * half_to_double(k_row[c]);
+      }
+    }
+  }
+  if (lane == 0) {
+    row_stats[2 * row_index] = log_sum_exp;
+    row_stats[2 * row_index + 1] = row_dot;
+  }
+  for (int i = 0; i < kColumnsPerLane; ++i) {
+    const int c = lane + i * kWarpSize;
+    if (c < head_dim) dq[row_index * head_dim + c] = float(scale * dq_acc[i]);
+  }
+}
+
+// One warp per key j, after the row kernel: dV_j = sum_i P_ij dO_i and dK_j = scale sum_i dS_ij Q_i,
+// with P_ij = exp(s_ij - L_i) and dS_ij = P_ij (dP_ij - D_i). Lane l takes rows l, l + 32, ...
+__global__ void reference_backward_keys_fp64(const __half* q, const __half* k, const __half* v,
+                                             const __half* d_o, const double* row_stats, float* dk,
+                                             float* dv, int64_t rows_total, int tokens,
+                                             int head_dim, double scale) {
+  __shared__ double k_rows[kWarpsPerBlock][kGpuReferenceMaxHeadDim];
+  __shared__ double v_rows[kWarpsPerBlock][kGpuReferenceMaxHeadDim];
+  const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
+  const int64_t key_index = int64_t(blockIdx.x) * kWarpsPerBlock + warp;
+  if (key_index >= rows_total) return;
+  const int64_t slice_row0 = (key_index / tokens) * int64_t(tokens);
+  const __half* q_slice = q + slice_row0 * head_dim;
+  const __half* d_o_slice = d_o + slice_row0 * head_dim;
+  double* k_row = k_rows[warp];
+  double* v_row = v_rows[warp];
+  load_row(k_row, k + key_index * head_dim, head_dim, lane);
+  load_row(v_row, v + key_index * head_dim, head_dim, lane);
+
+  double dk_acc[kColumnsPerLane] = {}, dv_acc[kColumnsPerLane] = {};
+  for (int chunk = 0; chunk < tokens; chunk += kWarpSize) {
+    const int row = chunk + lane;
+    double p = 0.0, d_s = 0.0;
+    if (row < tokens) {
+      const double log_sum_exp = row_stats[2 * (slice_row0 + row)];
+      const double row_dot = row_stats[2 * (slice_row0 + row) + 1];
+      p = exp(__dmul_rn(scale, dot_with(k_row, q_slice + int64_t(row) * head_dim, head_dim)) - log_sum_exp);
+      d_s = p * (dot_with(v_row, d_o_slice + int64_t(row) * head_dim, head_dim) - row_dot);
+    }
+    const int chunk_rows = min(kWarpSize, tokens - chunk);
+    for (int j = 0; j < chunk_rows; ++j) {
+      const double p_j = __shfl_sync(0xffffffffu, p, j);
+      const double d_s_j = __shfl_sync(0xffffffffu, d_s, j);
+      const __half* q_row = q_slice + int64_t(chunk + j) * head_dim;
+      const __half* d_o_row = d_o_slice + int64_t(chunk + j) * head_dim;
+      for (int i = 0; i < kColumnsPerLane; ++i) {
+        const int c = lane + i * kWarpSize;
+        if (c < head_dim) {
+          dv_acc[i] += p_j * half_to_double(d_o_row[c]);
+          dk_acc[i] += d_s_j * half_to_double(q_row[c]);
+        }
+      }
+    }
+  }
+  for (int i = 0; i < kColumnsPerLane; ++i) {
+    const int c = lane + i * kWarpSize;
+    if (c < head_dim) {
+      dk[key_index * head_dim + c] = float(scale * dk_acc[i]);
+      dv[key_index * head_dim + c] = float(dv_acc[i]);
+    }
+  }
+}
+
+void check_head_dim(const Shape& shape) {
   if (shape.head_dim > kGpuReferenceMaxHeadDim) {
     throw CudaError("the GPU reference serves head dims up to " +
                     std::to_string(kGpuReferenceMaxHeadDim) + ", not " +
                     std::to_string(shape.head_dim));
   }
+}
+
+}  // namespace
+
+std::size_t gpu_backward_reference_scratch_bytes(const Shape& shape) {
+  return 2 * std::size_t(shape.slices() * shape.tokens) * sizeof(double);
+}
+
+void launch_gpu_backward_reference(const __half* q, const __half* k, const __half* v,
+                                   const __half* d_o, float* dq, float* dk, float* dv,
+                                   double* row_stats, const Shape& shape, double scale,
+                                   cudaStream_t stream) {
+  check_head_dim(shape);
+  const int64_t rows_total = shape.slices() * shape.tokens;
+  const unsigned blocks = unsigned((rows_total + kWarpsPerBlock - 1) / kWarpsPerBlock);
+  reference_backward_rows_fp64<<<blocks, kWarpsPerBlock * kWarpSize, 0, stream>>>(
+      q, k, v, d_o, dq, row_stats, rows_total, int(shape.tokens), int(shape.head_dim), scale);
+  CUDA_CHECK_LAUNCH();
+  reference_backward_keys_fp64<<<blocks, kWarpsPerBlock * kWarpSize, 0, stream>>>(
+      q, k, v, d_o, row_stats, dk, dv, rows_total, int(shape.tokens), int(shape.head_dim), scale);
+  CUDA_CHECK_LAUNCH();
+}
+
+void launch_gpu_reference(const __half* q, const __half* k, const __half* v, float* out,
+                          float* log_sum_exp, const Shape& shape, cudaStream_t stream) {
+  check_head_dim(shape);
   const int64_t rows_total = shape.slices() * shape.tokens;
   const int64_t blocks = (rows_total + kWarpsPerBlock - 1) / kWarpsPerBlock;
   reference_attention_fp64<<<unsigned(blocks), kWarpsPerBlock * kWarpSize, 0, stream>>>(

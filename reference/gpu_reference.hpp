@@ -17,6 +17,8 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <cstddef>
+
 #include "problem.hpp"
 
 namespace attn {
@@ -29,5 +31,16 @@ void launch_gpu_reference(const __half* q, const __half* k, const __half* v, flo
                           float* log_sum_exp, const Shape& shape, cudaStream_t stream);
 
 constexpr int kGpuReferenceMaxHeadDim = 256;
+
+// The backward's GPU reference, in the same way: dQ, dK and dV (device, [B, H, N, D] fp32 each)
+// for every slice from device fp16 Q, K, V and dO, all arithmetic in fp64 (backward_reference.hpp
+// has the maths), scale = 1/sqrt(D) unless given. `row_stats` is device scratch of
+// gpu_backward_reference_scratch_bytes(shape). Any N >= 1, D <= 256. Two kernels: one warp per
+// query row (its L, D = sum_j P_ij dP_ij and dQ), then one warp per key (dK and dV).
+void launch_gpu_backward_reference(const __half* q, const __half* k, const __half* v,
+                                   const __half* d_o, float* dq, float* dk, float* dv,
+                                   double* row_stats, const Shape& shape, double scale,
+                                   cudaStream_t stream);
+std::size_t gpu_backward_reference_scratch_bytes(const Shape& shape);
 
 }  // namespace attn

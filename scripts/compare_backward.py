@@ -4,14 +4,16 @@ in one process, on the GPU, fp16 [B, H, N, D]:
 
   v9        torch.ops.attention_steps.attention_backward (D = rowsum(dO o O), the kernel, dQ's
             conversion), after the forward (v6, with L) ran once outside the timing
+  eager     the same call with the library's cuBLAS eager backward (eager_backward: P and dS
+            materialised, N x N, five GEMMs), on the same O and L
   flash     torch.autograd.grad of F.scaled_dot_product_attention under SDPBackend.FLASH_ATTENTION
   cudnn     the same under SDPBackend.CUDNN_ATTENTION
 
 Each is timed in windows of back-to-back calls between two CUDA events; the implementations
 alternate window by window, and the row holds the median of the windows and their extremes.
 FLOPs of a backward are counted as FlashAttention counts them: 2.5 times the forward's
-4 B H N^2 D. Every row also checks v9's dQ, dK, dV against SDPA's math backend in fp32 on the
-same inputs (relative Frobenius error of each).
+4 B H N^2 D. The v9 and eager rows also check their dQ, dK, dV against SDPA's math backend in
+fp32 on the same inputs (relative Frobenius error of each).
 
     python3 scripts/compare_backward.py --csv docs/results/h100/backward.csv
 """
@@ -61,6 +63,9 @@ def main(argv=None):
         def v9():
             return backward(d_o, q, k, v, o, lse, "v9")
 
+        def eager():
+            return backward(d_o, q, k, v, o, lse, "eager_backward")
+
         leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
 
         def sdpa_backward(backend):
@@ -71,13 +76,14 @@ def main(argv=None):
                 return torch.autograd.grad(result, leaves, d_o, retain_graph=True)
             return run
 
-        calls = {"v9": v9, "flash": sdpa_backward(SDPBackend.FLASH_ATTENTION),
+        calls = {"v9": v9, "eager": eager, "flash": sdpa_backward(SDPBackend.FLASH_ATTENTION),
                  "cudnn": sdpa_backward(SDPBackend.CUDNN_ATTENTION)}
-        # The check: v9 against SDPA's math backend in fp32.
+        # The check: the library's two against SDPA's math backend in fp32.
         exact = [t.detach().float().requires_grad_() for t in (q, k, v)]
         with sdpa_kernel(SDPBackend.MATH):
             want = torch.autograd.grad(F.scaled_dot_product_attention(*exact), exact, d_o.float())
-        errors = [((g.float() - w).norm() / w.norm()).item() for g, w in zip(v9(), want)]
+        errors = {name: [((g.float() - w).norm() / w.norm()).item() for g, w in zip(call(), want)]
+                  for name, call in (("v9", v9), ("eager", eager))}
         windows = {name: [] for name in calls}
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         for window in range(args.windows + 1):  # the first round warms and is not kept
@@ -99,7 +105,7 @@ def main(argv=None):
                    "vs_flash": f"{medians[name] / medians['flash']:.3f}",
                    "vs_cudnn": f"{medians[name] / medians['cudnn']:.3f}",
                    "note": ("dQ, dK, dV relative error vs fp32 math: " +
-                            ", ".join(f"{e:.2e}" for e in errors)) if name == "v9" else ""}
+                            ", ".join(f"{e:.2e}" for e in errors[name])) if name in errors else ""}
             writer.writerow(row)
             out.flush()
             print(", ".join(f"{key}={value}" for key, value in row.items() if value != ""),

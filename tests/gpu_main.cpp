@@ -59,7 +59,7 @@ int main(int argc, char** argv) {
     return kSkipped;
   }
   // A backward step runs the backward suite (test_backward_gpu.cpp), every other step the rest.
-  std::string suite_filter = selected->kind == attn::StepKind::backward
+  std::string suite_filter = attn::is_backward(selected->kind)
                                  ? "--test-suite=backward" : "--test-suite-exclude=backward";
   doctest_args.push_back(suite_filter.data());
   doctest::Context context(int(doctest_args.size()), doctest_args.data());

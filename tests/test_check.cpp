@@ -129,6 +129,55 @@ TEST_SUITE("check") {
     CHECK(nan.nonfinite == 1);
   }
 
+  TEST_CASE("gradients: perfect ones pass; one off in a slice the sample skips fails every-slice") {
+    // The fp64 backward reference of every slice plays the GPU reference (in fp32), the sample
+    // is slice 0 alone.
+    const Shape shape{2, 2, 33, 64};
+    const attn::HostTensors inputs = attn::make_inputs(shape, 5);
+    const std::vector<__half> d_o = attn::make_output_gradient(shape, 5);
+    const attn::BackwardReference every =
+        attn::compute_backward_reference(inputs, d_o, attn::slices_to_check(shape, CheckMode::full, 5));
+    const attn::BackwardReference sampled = attn::compute_backward_reference(inputs, d_o, {0});
+    const int64_t slice_size = shape.tokens * shape.head_dim;
+    std::vector<__half> gradients[3];
+    attn::AllSliceGradients all;
+    std::vector<float>* all_of[] = {&all.dq, &all.dk, &all.dv};
+    const std::vector<double> attn::SliceGradients::*member[] = {
+        &attn::SliceGradients::dq, &attn::SliceGradients::dk, &attn::SliceGradients::dv};
+    for (int which = 0; which < 3; ++which) {
+      gradients[which].resize(std::size_t(shape.elements()));
+      all_of[which]->resize(std::size_t(shape.elements()));
+      for (std::size_t s = 0; s < every.slices.size(); ++s) {
+        for (int64_t i = 0; i < slice_size; ++i) {
+          const double value = (every.gradients[s].*member[which])[std::size_t(i)];
+          gradients[which][std::size_t(every.slices[s] * slice_size + i)] = __float2half(float(value));
+          (*all_of[which])[std::size_t(every.slices[s] * slice_size + i)] = float(value);
+        }
+      }
+    }
+    const attn::CheckResult clean =
+        attn::compare_gradients(shape, sampled, gradients[0], gradients[1], gradients[2], all);
+    CHECK(clean.passed);
+    CHECK(clean.checked_slices == 1);
+    CHECK(clean.all_checked_slices == 4);
+    CHECK(clean.all_relative_error < attn::kGradientRelativeTolerance / 4);
+
+    const int64_t index = (3 * shape.tokens + 7) * shape.head_dim + 2;  // slice 3, not sampled
+    gradients[1][std::size_t(index)] = __float2half(__half2float(gradients[1][std::size_t(index)]) + 0.5f);
+    CHECK(attn::compare_gradients(shape, sampled, gradients[0], gradients[1], gradients[2]).passed);
+    const attn::CheckResult caught =
+        attn::compare_gradients(shape, sampled, gradients[0], gradients[1], gradients[2], all);
+    CHECK_FALSE(caught.passed);
+    CHECK(caught.worst.find("dK") != std::string::npos);
+    CHECK(caught.worst.find("slice 3, row 7, column 2") != std::string::npos);
+
+    gradients[1][std::size_t(index)] = __float2half(std::numeric_limits<float>::quiet_NaN());
+    const attn::CheckResult nan =
+        attn::compare_gradients(shape, sampled, gradients[0], gradients[1], gradients[2], all);
+    CHECK_FALSE(nan.passed);
+    CHECK(nan.nonfinite == 1);
+  }
+
   TEST_CASE("the key-mask probe: strongly negative scores, V near 1, and a leaked key fails") {
     const Shape shape{1, 2, 40, 64};
     const attn::HostTensors inputs = attn::make_key_mask_probe_inputs(shape, 3);

@@ -54,7 +54,7 @@ def plan_for(device_index):
         _plans[device_index] = plan
         with torch.cuda.device(device_index):
             _backward_dims[device_index] = {
-                head_dim for info in library.steps() if info.is_backward
+                head_dim for info in library.steps() if info.is_backward and not info.is_baseline
                 for head_dim in info.head_dims
                 if library.refusal(info.id, (1, 1, 1, head_dim)) is None}
     return _plans[device_index]

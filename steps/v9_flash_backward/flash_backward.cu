@@ -172,7 +172,16 @@ __global__ void __launch_bounds__(Tiles<kHeadDim, kWarps>::kThreads)
     load_rows<T::kBlockM>(lse_rows + stage * T::kBlockM, log_sum_exp + slice * tokens, row0, tokens);
     load_rows<T::kBlockM>(dot_rows + stage * T::kBlockM, row_dot + slice * tokens, row0, tokens);
   };
-  load_row_tile(0, 0);
+  // Where this block's walk starts: the K/V tiles of a slice run side by side, and walking the Q
+  // tiles in one order, all of them would add into the same rows of dQ at the same moment, queued
+  // behind each other at L2's atomic units. Spread evenly, each walks the same tiles from its own
+  // first one.
+  const int first_row_tile = int(int64_t(key_tile) * row_tiles / key_tiles);
+  auto row_tile_at = [&](int step) {
+    const int row_tile = first_row_tile + step;
+    return row_tile < row_tiles ? row_tile : row_tile - row_tiles;
+  };
+  load_row_tile(row_tile_at(0), 0);
   cp_async_commit();
 
   // This warp's 16 keys: the rows of dK and dV it owns. Keys past N (the last tile's tail) need
@@ -184,15 +193,15 @@ __global__ void __launch_bounds__(Tiles<kHeadDim, kWarps>::kThreads)
   float dk_acc[T::kDTiles][4] = {};
   float dv_acc[T::kDTiles][4] = {};
 
-  for (int row_tile = 0; row_tile < row_tiles; ++row_tile) {
-    const int stage = row_tile % 2;
+  for (int step = 0; step < row_tiles; ++step) {
+    const int row_tile = row_tile_at(step), stage = step % 2;
     const __half* q_tile = q_tiles + stage * T::kBlockM * T::kStride;
     const __half* d_o_tile = d_o_tiles + stage * T::kBlockM * T::kStride;
     const float* lse = lse_rows + stage * T::kBlockM;
     const float* dot = dot_rows + stage * T::kBlockM;
     cp_async_wait<0>();
     __syncthreads();  // this stage has landed, and every warp is done with the other one and dS
-    if (row_tile + 1 < row_tiles) load_row_tile(row_tile + 1, 1 - stage);
+    if (step + 1 < row_tiles) load_row_tile(row_tile_at(step + 1), 1 - stage);
     cp_async_commit();
 
     // S^T = K Q^T (16 keys x 64 queries) and dP^T = V dO^T, side by side: A from K and V rows,

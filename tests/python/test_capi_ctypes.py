@@ -83,14 +83,14 @@ class Listing(unittest.TestCase):
         listed = steps.list_steps()
         ids = [info.id for info in listed]
         self.assertEqual(ids[0], "v0")
-        self.assertEqual(ids[-1], "eager")
+        self.assertEqual(ids[-2:], ["eager", "eager_backward"])  # baselines after the steps
         self.assertEqual(len(ids), len(set(ids)))
         for info in listed:
             self.assertTrue(info.title)
             self.assertTrue(info.head_dims)
             self.assertIn(64, info.head_dims)  # every step serves the ViT head dim
             self.assertGreaterEqual(info.min_compute_capability, 75)
-            self.assertEqual(info.is_baseline, info.id == "eager")
+            self.assertEqual(info.is_baseline, info.id in ("eager", "eager_backward"))
         self.assertTrue(steps.load_library().step("eager").uses_workspace)
 
     def test_sizes_without_a_gpu(self):

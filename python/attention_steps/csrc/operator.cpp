@@ -41,6 +41,7 @@ struct StepFacts {
   bool uses_workspace = false;
   bool writes_log_sum_exp = false;
   bool is_backward = false;
+  bool is_baseline = false;  // eager_backward: measured beside the steps, never chosen
   std::vector<int> head_dims;
 };
 
@@ -52,6 +53,7 @@ const std::unordered_map<std::string, StepFacts>& all_steps() {
       if (attn_step_get(index, &info) != ATTN_OK) continue;
       found[info.id] = StepFacts{info.takes_strides != 0, info.uses_workspace != 0,
                                  info.writes_log_sum_exp != 0, info.is_backward != 0,
+                                 info.is_baseline != 0,
                                  std::vector<int>(info.head_dims, info.head_dims + info.head_dim_count)};
     }
     return found;
@@ -60,11 +62,12 @@ const std::unordered_map<std::string, StepFacts>& all_steps() {
 }
 
 // The backward step autograd runs after a forward step at this head dim: any that serves it
-// (P is rebuilt from L, which every step that writes L writes alike), the lowest-numbered.
+// (P is rebuilt from L, which every step that writes L writes alike), the lowest-numbered; a
+// baseline never.
 std::optional<std::string> backward_step_for(int64_t head_dim) {
   std::optional<std::string> chosen;
   for (const auto& [id, facts] : all_steps()) {
-    if (facts.is_backward &&
+    if (facts.is_backward && !facts.is_baseline &&
         std::find(facts.head_dims.begin(), facts.head_dims.end(), head_dim) != facts.head_dims.end() &&
         (!chosen || id < *chosen)) {
       chosen = id;
