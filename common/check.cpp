@@ -55,8 +55,9 @@ void compare_all_slices(const HostTensors& inputs, const std::vector<__half>& ou
   }
   result.all_checked_slices = inputs.shape.slices();
   result.all_relative_error = reference_sq > 0 ? std::sqrt(error_sq / reference_sq) : std::sqrt(error_sq);
-  result.all_abs_tolerance = kAbsoluteFactor * max_abs_v;
-  const bool passed = nonfinite == 0 && result.all_relative_error <= kRelativeTolerance &&
+  result.all_abs_tolerance = absolute_factor(inputs.shape.dtype) * max_abs_v;
+  const bool passed = nonfinite == 0 &&
+                      result.all_relative_error <= relative_tolerance(inputs.shape.dtype) &&
                       result.all_max_abs_error <= result.all_abs_tolerance;
   result.nonfinite = std::max(result.nonfinite, nonfinite);
   if (!passed && result.passed) {  // the fp64 part passed: say where this part failed
@@ -81,6 +82,7 @@ CheckResult compare(const HostTensors& inputs, const Reference& reference,
   result.checked = true;
   result.checked_slices = int64_t(reference.slices.size());
   result.total_slices = shape.slices();
+  result.relative_tolerance = relative_tolerance(shape.dtype);
 
   double error_sq = 0, reference_sq = 0, max_abs_v = 0;
   for (std::size_t which = 0; which < reference.slices.size(); ++which) {
@@ -114,7 +116,7 @@ CheckResult compare(const HostTensors& inputs, const Reference& reference,
     }
   }
   result.relative_error = reference_sq > 0 ? std::sqrt(error_sq / reference_sq) : std::sqrt(error_sq);
-  result.abs_tolerance = kAbsoluteFactor * max_abs_v;
+  result.abs_tolerance = absolute_factor(shape.dtype) * max_abs_v;
   result.passed = result.nonfinite == 0 && result.relative_error <= result.relative_tolerance &&
                   result.max_abs_error <= result.abs_tolerance;
   if (!all_slices.empty()) compare_all_slices(inputs, output, all_slices, result);
@@ -203,14 +205,15 @@ struct GradientVerdict {
   int64_t nonfinite = 0;
   std::string worst;
 };
-GradientVerdict judge(const GradientError (&errors)[3], const char* against) {
+GradientVerdict judge(const GradientError (&errors)[3], DType dtype, const char* against) {
   const char* names[] = {"dQ", "dK", "dV"};
   GradientVerdict verdict;
   double worst_ratio = -1;  // of the gradients' max abs errors to their tolerances
   for (int which = 0; which < 3; ++which) {
     const GradientError& error = errors[which];
-    const double abs_tolerance = kGradientAbsoluteFactor * std::max(error.largest, errors[2].largest);
-    const bool passed = error.nonfinite == 0 && error.relative <= kGradientRelativeTolerance &&
+    const double abs_tolerance =
+        gradient_absolute_factor(dtype) * std::max(error.largest, errors[2].largest);
+    const bool passed = error.nonfinite == 0 && error.relative <= gradient_relative_tolerance(dtype) &&
                         error.max_abs_error <= abs_tolerance;
     verdict.nonfinite += error.nonfinite;
     verdict.relative_error = std::max(verdict.relative_error, error.relative);
@@ -245,13 +248,13 @@ CheckResult compare_gradients(const Shape& shape, const BackwardReference& refer
       return (reference.gradients[s].*wanted[which])[std::size_t(i)];
     });
   }
-  const GradientVerdict verdict = judge(errors, "fp64 reference");
+  const GradientVerdict verdict = judge(errors, shape.dtype, "fp64 reference");
   CheckResult result;
   result.checked = true;
   result.passed = verdict.passed;
   result.checked_slices = int64_t(reference.slices.size());
   result.total_slices = shape.slices();
-  result.relative_tolerance = kGradientRelativeTolerance;
+  result.relative_tolerance = gradient_relative_tolerance(shape.dtype);
   result.relative_error = verdict.relative_error;
   result.max_abs_error = verdict.max_abs_error;
   result.abs_tolerance = verdict.abs_tolerance;
@@ -268,7 +271,7 @@ CheckResult compare_gradients(const Shape& shape, const BackwardReference& refer
       return double((*all_wanted[which])[std::size_t(int64_t(s) * slice_size + i)]);
     });
   }
-  const GradientVerdict all_verdict = judge(errors, "GPU reference");
+  const GradientVerdict all_verdict = judge(errors, shape.dtype, "GPU reference");
   result.all_checked_slices = shape.slices();
   result.all_relative_error = all_verdict.relative_error;
   result.all_max_abs_error = all_verdict.max_abs_error;

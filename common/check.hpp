@@ -32,13 +32,19 @@
 namespace attn {
 
 constexpr double kUnitRoundoff = 0x1.0p-11;             // fp16
+static_assert(kUnitRoundoff == unit_roundoff(DType::fp16));
 constexpr double kRelativeTolerance = 4 * kUnitRoundoff;  // on ||O - ref||_F / ||ref||_F
 constexpr double kAbsoluteFactor = 4 * kUnitRoundoff;     // max |O - ref| <= this * max|V|
+// bf16 (Shape::dtype): the same derivation with its u = 2^-8. The inputs are drawn as bf16
+// values, so the reference sees exactly what the step does, and O and P are rounded to bf16.
+constexpr double relative_tolerance(DType dtype) { return 4 * unit_roundoff(dtype); }
+constexpr double absolute_factor(DType dtype) { return 4 * unit_roundoff(dtype); }
 // L, the log-sum-exp of each row's scaled scores that a step writes for a backward pass
 // (AttentionArgs::log_sum_exp), is used as P = exp(s - L): an error e in L is a relative error e
 // in every p of its row. A correct kernel's L carries its fp32 scores' error, the same error
 // that moves its P (and O) in the forward, and the fp32 row sum's (~1e-6): both far below 4u,
-// the bound we allow, so a P rebuilt from L is as good as the P the forward used.
+// the bound we allow, so a P rebuilt from L is as good as the P the forward used. fp16's u for
+// bf16 inputs too: L is computed in fp32 from the inputs either way, never rounded to 16 bits.
 constexpr double kLogSumExpTolerance = 4 * kUnitRoundoff;  // max |L - ref|, natural-log units
 
 struct CheckResult {
@@ -90,6 +96,8 @@ void compare_log_sum_exp(const Shape& shape, const Reference& reference,
 // with the same tolerances into the all_* fields; empty vectors: not run.
 constexpr double kGradientRelativeTolerance = 8 * kUnitRoundoff;
 constexpr double kGradientAbsoluteFactor = 8 * kUnitRoundoff;
+constexpr double gradient_relative_tolerance(DType dtype) { return 8 * unit_roundoff(dtype); }
+constexpr double gradient_absolute_factor(DType dtype) { return 8 * unit_roundoff(dtype); }
 struct AllSliceGradients {
   std::vector<float> dq, dk, dv;  // [B, H, N, D] each
 };

@@ -1,5 +1,7 @@
 #include "inputs.hpp"
 
+#include <cuda_bf16.h>
+
 #include <cmath>
 
 namespace attn {
@@ -17,11 +19,11 @@ double unit_open(uint64_t bits) {  // uniform in (0, 1), never 0 so log() is fin
   return (double(bits >> 11) + 0.5) * 0x1.0p-53;
 }
 
-void fill(std::vector<__half>& tensor, uint64_t seed, uint64_t stream, double scale,
+void fill(std::vector<__half>& tensor, DType dtype, uint64_t seed, uint64_t stream, double scale,
           double mean = 0.0) {
   parallel_for(int64_t(tensor.size()), [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
-      tensor[i] = __float2half(float(mean + scale * normal_sample(seed, stream, uint64_t(i))));
+      tensor[i] = to_dtype(float(mean + scale * normal_sample(seed, stream, uint64_t(i))), dtype);
     }
   });
 }
@@ -39,6 +41,11 @@ HostTensors sized_inputs(const Shape& shape) {
 
 }  // namespace
 
+__half to_dtype(float value, DType dtype) {
+  if (dtype == DType::bf16) value = __bfloat162float(__float2bfloat16(value));
+  return __float2half(value);
+}
+
 float normal_sample(uint64_t seed, uint64_t stream, uint64_t index) {
   // Box-Muller on two hashed uniforms.
   const uint64_t key = mix(seed ^ mix(stream + 0x51ed2701ull)) ^ index;
@@ -48,17 +55,17 @@ float normal_sample(uint64_t seed, uint64_t stream, uint64_t index) {
 
 HostTensors make_inputs(const Shape& shape, uint64_t seed, double qk_scale) {
   HostTensors inputs = sized_inputs(shape);
-  fill(inputs.q, seed, 1, qk_scale);
-  fill(inputs.k, seed, 2, qk_scale);
-  fill(inputs.v, seed, 3, 1.0);
+  fill(inputs.q, shape.dtype, seed, 1, qk_scale);
+  fill(inputs.k, shape.dtype, seed, 2, qk_scale);
+  fill(inputs.v, shape.dtype, seed, 3, 1.0);
   return inputs;
 }
 
 HostTensors make_key_mask_probe_inputs(const Shape& shape, uint64_t seed) {
   HostTensors inputs = sized_inputs(shape);
-  fill(inputs.q, seed, 1, 0.5, 2.0);
-  fill(inputs.k, seed, 2, 0.5, -2.0);
-  fill(inputs.v, seed, 3, 0.5, 1.0);
+  fill(inputs.q, shape.dtype, seed, 1, 0.5, 2.0);
+  fill(inputs.k, shape.dtype, seed, 2, 0.5, -2.0);
+  fill(inputs.v, shape.dtype, seed, 3, 0.5, 1.0);
   return inputs;
 }
 

@@ -12,10 +12,17 @@
 
 namespace attn {
 
+// Q, K and V on the host, [B, H, N, D] each, in fp16 containers whatever shape.dtype says: the
+// values are drawn in the shape's dtype, and a bf16 value (8 significant bits) is an fp16 value
+// exactly as long as it lies in fp16's range, as every drawn value does (|x| < 200). The harness
+// converts them to bf16 on the way to the GPU; the references read the same numbers.
 struct HostTensors {
   Shape shape;
-  std::vector<__half> q, k, v;  // [B, H, N, D] each
+  std::vector<__half> q, k, v;
 };
+
+// `value` rounded to `dtype`, in an fp16 container (see HostTensors).
+__half to_dtype(float value, DType dtype);
 
 // Standard normal Q, K, V. qk_scale multiplies Q and K: the stress case uses 16, which puts
 // the scores q.k / sqrt(D) at a standard deviation of 256, so the largest reach ~1000 and a

@@ -68,7 +68,7 @@ void validate_shape(const Shape& shape) {
 std::string step_usage(const std::string& program) {
   return "usage: " + program +
          " [--tokens N | --image PX [--patch P]] [--batch B] [--heads H] [--head-dim D]\n"
-         "       [--iters I] [--warmup W] [--seed S] [--check sample|full|none]\n"
+         "       [--dtype fp16|bf16] [--iters I] [--warmup W] [--seed S] [--check sample|full|none]\n"
          "       [--format text|json|csv] [--device K] [--no-ceilings] [--deterministic]\n"
          "\n"
          "Runs one attention step, O = softmax(Q K^T / sqrt(D)) V on fp16 [B, H, N, D] tensors,\n"
@@ -79,6 +79,8 @@ std::string step_usage(const std::string& program) {
          "  --batch B        batch size (default 32)\n"
          "  --heads H        attention heads (default 12)\n"
          "  --head-dim D     head dimension (default 64)\n"
+         "  --dtype T        element type of Q, K, V and O: fp16 (default) or bf16, for the\n"
+         "                   steps that take it (step 6); the others refuse bf16\n"
          "  --iters I        timed runs (default: up to 50 within about 2 s)\n"
          "  --warmup W       untimed runs first (default 10)\n"
          "  --seed S         seed of the random inputs (default 1234)\n"
@@ -138,6 +140,11 @@ StepOptions parse_step_options(int argc, const char* const* argv) {
       options.shape.heads = parse_integer(name, take_value(), 1, kMaxDimension);
     } else if (name == "--head-dim") {
       options.shape.head_dim = parse_integer(name, take_value(), 1, kMaxDimension);
+    } else if (name == "--dtype") {
+      const std::string& dtype = take_value();
+      if (dtype == "fp16") options.shape.dtype = DType::fp16;
+      else if (dtype == "bf16") options.shape.dtype = DType::bf16;
+      else throw UsageError("--dtype: '" + dtype + "' is not one of fp16, bf16");
     } else if (name == "--iters") {
       options.iters = static_cast<int>(parse_integer(name, take_value(), 1, 1000000));
     } else if (name == "--warmup") {
@@ -161,6 +168,10 @@ StepOptions parse_step_options(int argc, const char* const* argv) {
   }
 
   if (patch != -1 && image == -1) throw UsageError("--patch: only meaningful with --image");
+  if (options.shape.dtype != DType::fp16 && options.format == Format::csv) {
+    throw UsageError("--format csv with --dtype " + dtype_name(options.shape.dtype) +
+                     ": the CSV schema (the bench's) has no dtype column; use text or json");
+  }
   if (image != -1) {
     if (tokens != -1) throw UsageError("--tokens and --image: give one, not both");
     if (patch == -1) patch = 16;

@@ -1,5 +1,6 @@
 // The attention problem every step solves, O = softmax(Q K^T / sqrt(D)) V per (batch, head),
-// and the counts the reports use. Q, K, V, O are fp16, laid out [B, H, N, D], row-major.
+// and the counts the reports use. Q, K, V, O are 16-bit floats, fp16 unless the shape says bf16,
+// laid out [B, H, N, D], row-major.
 #pragma once
 
 #include <cstdint>
@@ -7,17 +8,25 @@
 
 namespace attn {
 
+// The element type of Q, K, V and O (and dO, dQ, dK, dV). fp16 keeps 11 significant bits in a
+// narrow range (to 65504); bf16 keeps 8 bits in fp32's range, which is why training uses it.
+enum class DType { fp16, bf16 };
+std::string dtype_name(DType dtype);  // "fp16", "bf16": as --dtype takes it
+// Its unit roundoff u: half the gap between 1 and the next number, 2^-11 and 2^-8.
+constexpr double unit_roundoff(DType dtype) { return dtype == DType::bf16 ? 0x1.0p-8 : 0x1.0p-11; }
+
 struct Shape {
   int64_t batch = 32;
   int64_t heads = 12;
   int64_t tokens = 197;
   int64_t head_dim = 64;
+  DType dtype = DType::fp16;
 
   int64_t slices() const { return batch * heads; }                 // independent (b, h) problems
   int64_t elements() const { return slices() * tokens * head_dim; }  // per tensor
   // Two matrix products of N x N x D per slice, 2 FLOPs per multiply-add.
   double flops() const { return 4.0 * double(slices()) * double(tokens) * double(tokens) * double(head_dim); }
-  // The fewest bytes any implementation must move: read Q, K, V and write O once, fp16.
+  // The fewest bytes any implementation must move: read Q, K, V and write O once, 2 bytes each.
   double min_bytes() const { return 4.0 * double(elements()) * 2.0; }
   std::string str() const;
 };

@@ -133,6 +133,7 @@ void print_json(std::ostream& out, const Record& r) {
       << ", \"gpu\": " << json_string(r.gpu.name) << ", \"date\": " << json_string(r.date)
       << ", \"batch\": " << r.shape.batch << ", \"heads\": " << r.shape.heads
       << ", \"tokens\": " << r.shape.tokens << ", \"head_dim\": " << r.shape.head_dim
+      << ", \"dtype\": " << json_string(dtype_name(r.shape.dtype))
       << ", \"flops\": " << json_number(r.flops())
       << ", \"min_bytes\": " << json_number(r.min_bytes())
       << ", \"median_us\": " << json_number(r.timing.median_us)

@@ -1,3 +1,5 @@
+#include <cuda_bf16.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -35,10 +37,43 @@ std::map<std::string, std::string>& hung_steps() {
 }
 
 // One copy of the problem on the device.
+// 16-bit elements, fp16 or bf16 as the shape's dtype says (AttentionArgs' pointers are typed
+// for fp16 either way).
 struct DeviceSet {
   DeviceBuffer<__half> q, k, v, o;
   explicit DeviceSet(std::size_t count) : q(count), k(count), v(count), o(count) {}
 };
+
+// A host tensor (fp16 containers, HostTensors) to the device in `dtype`: for bf16 each value is
+// converted, exactly, since it was drawn as a bf16 value.
+void upload(__half* device, const std::vector<__half>& host, DType dtype) {
+  if (dtype == DType::fp16) {
+    CUDA_CHECK(cudaMemcpy(device, host.data(), host.size() * sizeof(__half), cudaMemcpyHostToDevice));
+    return;
+  }
+  std::vector<__nv_bfloat16> converted(host.size());
+  parallel_for(int64_t(host.size()), [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) converted[i] = __float2bfloat16(__half2float(host[i]));
+  });
+  CUDA_CHECK(cudaMemcpy(device, converted.data(), converted.size() * sizeof(__nv_bfloat16),
+                        cudaMemcpyHostToDevice));
+}
+
+// A step's output back into an fp16 container. A bf16 value in fp16's normal range is an fp16
+// value exactly; one below it (|x| < 6.1e-5) is rounded to fp16's subnormals, an absolute error
+// under 3e-8, and a NaN stays a NaN. Both are far inside every tolerance (check.hpp).
+void download(std::vector<__half>& host, const __half* device, std::size_t count, DType dtype) {
+  host.resize(count);
+  if (dtype == DType::fp16) {
+    CUDA_CHECK(cudaMemcpy(host.data(), device, count * sizeof(__half), cudaMemcpyDeviceToHost));
+    return;
+  }
+  std::vector<__nv_bfloat16> raw(count);
+  CUDA_CHECK(cudaMemcpy(raw.data(), device, count * sizeof(__nv_bfloat16), cudaMemcpyDeviceToHost));
+  parallel_for(int64_t(count), [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) host[i] = __float2half(__bfloat162float(raw[i]));
+  });
+}
 
 AttentionArgs args_for(const DeviceSet& set, const Shape& shape, void* workspace,
                        cudaStream_t stream, int max_persistent_blocks) {
@@ -151,10 +186,10 @@ BackwardRunResult run_backward_step(const StepInfo& step, const HostTensors& inp
   DeviceBuffer<float> log_sum_exp(rows);
   DeviceBuffer<char> forward_workspace(forward->workspace_for(shape)),
       workspace(step.workspace_for(shape));
-  for (const auto& [device, host] : {std::pair<__half*, const __half*>{q.data(), inputs.q.data()},
-                                     {k.data(), inputs.k.data()}, {v.data(), inputs.v.data()},
-                                     {d_o_buffer.data(), d_o.data()}}) {
-    CUDA_CHECK(cudaMemcpy(device, host, count * sizeof(__half), cudaMemcpyHostToDevice));
+  for (const auto& [device, host] : {std::pair<__half*, const std::vector<__half>*>{q.data(), &inputs.q},
+                                     {k.data(), &inputs.k}, {v.data(), &inputs.v},
+                                     {d_o_buffer.data(), &d_o}}) {
+    upload(device, *host, shape.dtype);
   }
   CUDA_CHECK(cudaStreamSynchronize(cudaStreamLegacy));  // as in run_step
   const Stream owned_stream;
@@ -179,6 +214,7 @@ BackwardRunResult run_backward_step(const StepInfo& step, const HostTensors& inp
   args.heads = int(shape.heads);
   args.tokens = int(shape.tokens);
   args.head_dim = int(shape.head_dim);
+  args.dtype = shape.dtype;
   args.scale = forward_args.scale;
   args.workspace = workspace.data();
   args.stream = stream;
@@ -200,8 +236,7 @@ BackwardRunResult run_backward_step(const StepInfo& step, const HostTensors& inp
   if (reference != nullptr) {
     for (auto [host, device] : {std::pair<std::vector<__half>*, const __half*>{&result.dq, dq.data()},
                                 {&result.dk, dk.data()}, {&result.dv, dv.data()}}) {
-      host->resize(count);
-      CUDA_CHECK(cudaMemcpy(host->data(), device, count * sizeof(__half), cudaMemcpyDeviceToHost));
+      download(*host, device, count, shape.dtype);
     }
     AllSliceGradients all;
     if (check_all_slices) {  // every element, against the GPU reference
@@ -274,9 +309,9 @@ RunResult run_step(const StepInfo& step, const HostTensors& inputs, const Refere
   device_sets.reserve(sets);
   for (int s = 0; s < sets; ++s) device_sets.emplace_back(count);
   DeviceBuffer<char> workspace(step.workspace_for(shape));
-  CUDA_CHECK(cudaMemcpy(device_sets[0].q.data(), inputs.q.data(), count * sizeof(__half), cudaMemcpyHostToDevice));
-  CUDA_CHECK(cudaMemcpy(device_sets[0].k.data(), inputs.k.data(), count * sizeof(__half), cudaMemcpyHostToDevice));
-  CUDA_CHECK(cudaMemcpy(device_sets[0].v.data(), inputs.v.data(), count * sizeof(__half), cudaMemcpyHostToDevice));
+  upload(device_sets[0].q.data(), inputs.q, shape.dtype);
+  upload(device_sets[0].k.data(), inputs.k, shape.dtype);
+  upload(device_sets[0].v.data(), inputs.v, shape.dtype);
   for (int s = 1; s < sets; ++s) {
     for (auto member : {&DeviceSet::q, &DeviceSet::k, &DeviceSet::v}) {
       CUDA_CHECK(cudaMemcpy((device_sets[s].*member).data(), (device_sets[0].*member).data(),
@@ -314,9 +349,7 @@ RunResult run_step(const StepInfo& step, const HostTensors& inputs, const Refere
     log_sum_exp.abandon();
   };
   synchronize_or_remember(stream, checked_run_limit_seconds(shape), abandon_buffers);
-  result.output.resize(count);
-  CUDA_CHECK(cudaMemcpy(result.output.data(), device_sets[0].o.data(), count * sizeof(__half),
-                        cudaMemcpyDeviceToHost));
+  download(result.output, device_sets[0].o.data(), count, shape.dtype);
   if (reference != nullptr) {
     std::vector<float> all_slices, all_rows;
     if (check_all_slices) {

@@ -46,6 +46,11 @@ std::optional<std::string> StepInfo::refuses(const Shape& shape) const {
     return id + " does not serve --head-dim " + std::to_string(shape.head_dim) +
            " (it serves head dims " + join_numbers(head_dims, ", ") + ")";
   }
+  if (std::find(dtypes.begin(), dtypes.end(), shape.dtype) == dtypes.end()) {
+    std::string served;
+    for (DType dtype : dtypes) served += (served.empty() ? "" : ", ") + dtype_name(dtype);
+    return id + " does not serve --dtype " + dtype_name(shape.dtype) + " (it takes " + served + ")";
+  }
   return std::nullopt;
 }
 
@@ -69,7 +74,7 @@ std::optional<std::string> StepInfo::refuses(const Shape& shape, const DeviceLim
   if (auto reason = refuses(shape)) return reason;
   if (auto reason = refuses_device(device)) return reason;
   const Shape probe{shape.batch, shape.heads, std::min(shape.tokens, kLargestTokensProbed),
-                    shape.head_dim};
+                    shape.head_dim, shape.dtype};
   const std::size_t needed = shared_bytes_for(probe);
   if (needed <= device.shared_bytes_per_block) return std::nullopt;
   const std::string needs = "it needs " + std::to_string(needed) +

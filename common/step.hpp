@@ -31,12 +31,15 @@ inline TensorStrides actual_strides(TensorStrides given, int64_t heads, int64_t 
   return {heads * tokens * head_dim, tokens * head_dim, head_dim};
 }
 
-// What a launch gets: device pointers to [B, H, N, D] fp16 tensors and the sizes.
+// What a launch gets: device pointers to [B, H, N, D] tensors and the sizes. The pointers are
+// typed for fp16, the tutorial's type; with dtype bf16 (a step whose StepInfo lists it) they
+// point at __nv_bfloat16 data, and the step reads them as such.
 struct AttentionArgs {
   const __half* q = nullptr;
   const __half* k = nullptr;
   const __half* v = nullptr;
   __half* o = nullptr;
+  DType dtype = DType::fp16;
   // [B, H, N] fp32, or nullptr: each row's L = log(sum_j exp(s_j)) of its scaled scores
   // s = q K^T / sqrt(D), what a backward pass needs to rebuild P. Written by a step whose StepInfo
   // says writes_log_sum_exp when not null; the inference path leaves it null and pays nothing.
@@ -73,6 +76,7 @@ inline AttentionArgs attention_args(const Shape& shape, const __half* q, const _
   args.heads = int(shape.heads);
   args.tokens = int(shape.tokens);
   args.head_dim = int(shape.head_dim);
+  args.dtype = shape.dtype;
   args.scale = 1.0 / std::sqrt(double(shape.head_dim));
   args.workspace = workspace;
   args.stream = stream;
@@ -97,6 +101,7 @@ struct BackwardArgs {
   int heads = 0;
   int tokens = 0;
   int head_dim = 0;
+  DType dtype = DType::fp16;  // as in AttentionArgs: bf16 data behind the fp16-typed pointers
   double scale = 0.0;         // 1/sqrt(D) as the harness sets it
   void* workspace = nullptr;  // workspace_bytes(shape) bytes
   cudaStream_t stream = nullptr;
@@ -167,9 +172,10 @@ struct StepInfo {
   bool writes_log_sum_exp = false;  // fills AttentionArgs::log_sum_exp when asked
   BackwardLaunchFn launch_backward = nullptr;  // a backward step's launch (kind backward)
   std::string forward_step = "";  // a backward step's forward: the step that writes its O and L
+  std::vector<DType> dtypes = {DType::fp16};  // the element types it takes (AttentionArgs::dtype)
 
-  // Why this step refuses the shape on any GPU (a head dim it does not serve), in one line that
-  // names the flag; nothing if it serves it.
+  // Why this step refuses the shape on any GPU (a head dim or a dtype it does not serve), in one
+  // line that names the flag; nothing if it serves it.
   std::optional<std::string> refuses(const Shape& shape) const;
   // Why it cannot run on this GPU at all (its compute capability), or nothing.
   std::optional<std::string> refuses_device(const DeviceLimits& device) const;

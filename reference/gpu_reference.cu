@@ -1,5 +1,7 @@
 #include "gpu_reference.hpp"
 
+#include <cuda_bf16.h>
+
 #include <cmath>
 
 #include "cuda_check.hpp"
@@ -10,6 +12,10 @@ namespace {
 constexpr int kWarpSize = 32;
 constexpr int kWarpsPerBlock = 4;
 constexpr int kColumnsPerLane = kGpuReferenceMaxHeadDim / kWarpSize;  // of O, per lane
+
+// The inputs exactly, in fp64, whichever 16-bit type they are.
+__device__ double to_double(__half value) { return double(__half2float(value)); }
+__device__ double to_double(__nv_bfloat16 value) { return double(__bfloat162float(value)); }
 
 __device__ double warp_max(double value) {
   for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
@@ -26,7 +32,8 @@ __device__ double warp_sum(double value) {
 
 // One warp per query row (row_index = slice * N + row). Lane l takes keys l, l + 32, ... for
 // the scores and columns l, l + 32, ... of O.
-__global__ void reference_attention_fp64(const __half* q, const __half* k, const __half* v,
+template <typename Element>
+__global__ void reference_attention_fp64(const Element* q, const Element* k, const Element* v,
                                          float* out, float* log_sum_exp, int64_t rows_total,
                                          int tokens, int head_dim, double scale) {
   __shared__ double q_rows[kWarpsPerBlock][kGpuReferenceMaxHeadDim];
@@ -34,18 +41,16 @@ __global__ void reference_attention_fp64(const __half* q, const __half* k, const
   const int64_t row_index = int64_t(blockIdx.x) * kWarpsPerBlock + warp;
   if (row_index >= rows_total) return;  // the whole warp: nothing below synchronises the block
   const int64_t slice_offset = (row_index / tokens) * int64_t(tokens) * head_dim;
-  const __half* k_slice = k + slice_offset;
-  const __half* v_slice = v + slice_offset;
+  const Element* k_slice = k + slice_offset;
+  const Element* v_slice = v + slice_offset;
   double* q_row = q_rows[warp];
-  for (int c = lane; c < head_dim; c += kWarpSize) {
-    q_row[c] = double(__half2float(q[row_index * head_dim + c]));
-  }
+  for (int c = lane; c < head_dim; c += kWarpSize) q_row[c] = to_double(q[row_index * head_dim + c]);
   __syncwarp();
 
   auto score = [&](int key) {
-    const __half* k_row = k_slice + int64_t(key) * head_dim;
+    const Element* k_row = k_slice + int64_t(key) * head_dim;
     double dot = 0.0;
-    for (int c = 0; c < head_dim; ++c) dot += q_row[c] * double(__half2float(k_row[c]));
+    for (int c = 0; c < head_dim; ++c) dot += q_row[c] * to_double(k_row[c]);
     return dot * scale;
   };
 
@@ -64,10 +69,10 @@ __global__ void reference_attention_fp64(const __half* q, const __half* k, const
     const int chunk_keys = min(kWarpSize, tokens - chunk);
     for (int j = 0; j < chunk_keys; ++j) {
       const double p_j = __shfl_sync(0xffffffffu, p, j);
-      const __half* v_row = v_slice + int64_t(chunk + j) * head_dim;
+      const Element* v_row = v_slice + int64_t(chunk + j) * head_dim;
       for (int i = 0; i < kColumnsPerLane; ++i) {
         const int c = lane + i * kWarpSize;
-        if (c < head_dim) o_acc[i] += p_j * double(__half2float(v_row[c]));
+        if (c < head_dim) o_acc[i] += p_j * to_double(v_row[c]);
       }
     }
   }
@@ -81,25 +86,26 @@ __global__ void reference_attention_fp64(const __half* q, const __half* k, const
 
 // ---- The backward --------------------------------------------------------------------------
 
-__device__ double half_to_double(__half value) { return double(__half2float(value)); }
-
 // A row of Q or dO (or K or V) into a warp's fp64 scratch.
-__device__ void load_row(double* row, const __half* source, int head_dim, int lane) {
-  for (int c = lane; c < head_dim; c += kWarpSize) row[c] = half_to_double(source[c]);
+template <typename Element>
+__device__ void load_row(double* row, const Element* source, int head_dim, int lane) {
+  for (int c = lane; c < head_dim; c += kWarpSize) row[c] = to_double(source[c]);
   __syncwarp();
 }
 
-__device__ double dot_with(const double* row, const __half* other, int head_dim) {
+template <typename Element>
+__device__ double dot_with(const double* row, const Element* other, int head_dim) {
   double dot = 0.0;
-  for (int c = 0; c < head_dim; ++c) dot += row[c] * half_to_double(other[c]);
+  for (int c = 0; c < head_dim; ++c) dot += row[c] * to_double(other[c]);
   return dot;
 }
 
 // One warp per query row i: L_i = log sum_j exp(s_ij), D_i = sum_j P_ij dP_ij (from P and dP, not
 // from an O: the reference depends on Q, K, V and dO alone), and dQ_i = scale sum_j dS_ij K_j.
 // Lane l takes keys l, l + 32, ... for the scalars, columns l, l + 32, ... for dQ.
-__global__ void reference_backward_rows_fp64(const __half* q, const __half* k, const __half* v,
-                                             const __half* d_o, float* dq, double* row_stats,
+template <typename Element>
+__global__ void reference_backward_rows_fp64(const Element* q, const Element* k, const Element* v,
+                                             const Element* d_o, float* dq, double* row_stats,
                                              int64_t rows_total, int tokens, int head_dim,
                                              double scale) {
   __shared__ double q_rows[kWarpsPerBlock][kGpuReferenceMaxHeadDim];
@@ -108,8 +114,8 @@ __global__ void reference_backward_rows_fp64(const __half* q, const __half* k, c
   const int64_t row_index = int64_t(blockIdx.x) * kWarpsPerBlock + warp;
   if (row_index >= rows_total) return;
   const int64_t slice_offset = (row_index / tokens) * int64_t(tokens) * head_dim;
-  const __half* k_slice = k + slice_offset;
-  const __half* v_slice = v + slice_offset;
+  const Element* k_slice = k + slice_offset;
+  const Element* v_slice = v + slice_offset;
   double* q_row = q_rows[warp];
   double* d_o_row = d_o_rows[warp];
   load_row(q_row, q + row_index * head_dim, head_dim, lane);
@@ -136,10 +142,10 @@ __global__ void reference_backward_rows_fp64(const __half* q, const __half* k, c
     const int chunk_keys = min(kWarpSize, tokens - chunk);
     for (int j = 0; j < chunk_keys; ++j) {
       const double d_s_j = __shfl_sync(0xffffffffu, d_s, j);
-      const __half* k_row = k_slice + int64_t(chunk + j) * head_dim;
+      const Element* k_row = k_slice + int64_t(chunk + j) * head_dim;
       for (int i = 0; i < kColumnsPerLane; ++i) {
         const int c = lane + i * kWarpSize;
-        if (c < head_dim) dq_acc[i] += d_s_j * half_to_double(k_row[c]);
+        if (c < head_dim) dq_acc[i] += d_s_j * to_double(k_row[c]);
       }
     }
   }
@@ -155,8 +161,9 @@ __global__ void reference_backward_rows_fp64(const __half* q, const __half* k, c
 
 // One warp per key j, after the row kernel: dV_j = sum_i P_ij dO_i and dK_j = scale sum_i dS_ij Q_i,
 // with P_ij = exp(s_ij - L_i) and dS_ij = P_ij (dP_ij - D_i). Lane l takes rows l, l + 32, ...
-__global__ void reference_backward_keys_fp64(const __half* q, const __half* k, const __half* v,
-                                             const __half* d_o, const double* row_stats, float* dk,
+template <typename Element>
+__global__ void reference_backward_keys_fp64(const Element* q, const Element* k, const Element* v,
+                                             const Element* d_o, const double* row_stats, float* dk,
                                              float* dv, int64_t rows_total, int tokens,
                                              int head_dim, double scale) {
   __shared__ double k_rows[kWarpsPerBlock][kGpuReferenceMaxHeadDim];
@@ -165,8 +172,8 @@ __global__ void reference_backward_keys_fp64(const __half* q, const __half* k, c
   const int64_t key_index = int64_t(blockIdx.x) * kWarpsPerBlock + warp;
   if (key_index >= rows_total) return;
   const int64_t slice_row0 = (key_index / tokens) * int64_t(tokens);
-  const __half* q_slice = q + slice_row0 * head_dim;
-  const __half* d_o_slice = d_o + slice_row0 * head_dim;
+  const Element* q_slice = q + slice_row0 * head_dim;
+  const Element* d_o_slice = d_o + slice_row0 * head_dim;
   double* k_row = k_rows[warp];
   double* v_row = v_rows[warp];
   load_row(k_row, k + key_index * head_dim, head_dim, lane);
@@ -186,13 +193,13 @@ __global__ void reference_backward_keys_fp64(const __half* q, const __half* k, c
     for (int j = 0; j < chunk_rows; ++j) {
       const double p_j = __shfl_sync(0xffffffffu, p, j);
       const double d_s_j = __shfl_sync(0xffffffffu, d_s, j);
-      const __half* q_row = q_slice + int64_t(chunk + j) * head_dim;
-      const __half* d_o_row = d_o_slice + int64_t(chunk + j) * head_dim;
+      const Element* q_row = q_slice + int64_t(chunk + j) * head_dim;
+      const Element* d_o_row = d_o_slice + int64_t(chunk + j) * head_dim;
       for (int i = 0; i < kColumnsPerLane; ++i) {
         const int c = lane + i * kWarpSize;
         if (c < head_dim) {
-          dv_acc[i] += p_j * half_to_double(d_o_row[c]);
-          dk_acc[i] += d_s_j * half_to_double(q_row[c]);
+          dv_acc[i] += p_j * to_double(d_o_row[c]);
+          dk_acc[i] += d_s_j * to_double(q_row[c]);
         }
       }
     }
@@ -220,6 +227,16 @@ std::size_t gpu_backward_reference_scratch_bytes(const Shape& shape) {
   return 2 * std::size_t(shape.slices() * shape.tokens) * sizeof(double);
 }
 
+// Calls body(element) with a value of the element type shape.dtype names.
+template <typename Body>
+void with_element_type(const Shape& shape, Body&& body) {
+  if (shape.dtype == DType::bf16) {
+    body(__nv_bfloat16{});
+  } else {
+    body(__half{});
+  }
+}
+
 void launch_gpu_backward_reference(const __half* q, const __half* k, const __half* v,
                                    const __half* d_o, float* dq, float* dk, float* dv,
                                    double* row_stats, const Shape& shape, double scale,
@@ -227,12 +244,21 @@ void launch_gpu_backward_reference(const __half* q, const __half* k, const __hal
   check_head_dim(shape);
   const int64_t rows_total = shape.slices() * shape.tokens;
   const unsigned blocks = unsigned((rows_total + kWarpsPerBlock - 1) / kWarpsPerBlock);
-  reference_backward_rows_fp64<<<blocks, kWarpsPerBlock * kWarpSize, 0, stream>>>(
-      q, k, v, d_o, dq, row_stats, rows_total, int(shape.tokens), int(shape.head_dim), scale);
-  CUDA_CHECK_LAUNCH();
-  reference_backward_keys_fp64<<<blocks, kWarpsPerBlock * kWarpSize, 0, stream>>>(
-      q, k, v, d_o, row_stats, dk, dv, rows_total, int(shape.tokens), int(shape.head_dim), scale);
-  CUDA_CHECK_LAUNCH();
+  with_element_type(shape, [&](auto element) {
+    using Element = decltype(element);
+    const auto* q_in = reinterpret_cast<const Element*>(q);
+    const auto* k_in = reinterpret_cast<const Element*>(k);
+    const auto* v_in = reinterpret_cast<const Element*>(v);
+    const auto* d_o_in = reinterpret_cast<const Element*>(d_o);
+    reference_backward_rows_fp64<<<blocks, kWarpsPerBlock * kWarpSize, 0, stream>>>(
+        q_in, k_in, v_in, d_o_in, dq, row_stats, rows_total, int(shape.tokens),
+        int(shape.head_dim), scale);
+    CUDA_CHECK_LAUNCH();
+    reference_backward_keys_fp64<<<blocks, kWarpsPerBlock * kWarpSize, 0, stream>>>(
+        q_in, k_in, v_in, d_o_in, row_stats, dk, dv, rows_total, int(shape.tokens),
+        int(shape.head_dim), scale);
+    CUDA_CHECK_LAUNCH();
+  });
 }
 
 void launch_gpu_reference(const __half* q, const __half* k, const __half* v, float* out,
@@ -240,10 +266,14 @@ void launch_gpu_reference(const __half* q, const __half* k, const __half* v, flo
   check_head_dim(shape);
   const int64_t rows_total = shape.slices() * shape.tokens;
   const int64_t blocks = (rows_total + kWarpsPerBlock - 1) / kWarpsPerBlock;
-  reference_attention_fp64<<<unsigned(blocks), kWarpsPerBlock * kWarpSize, 0, stream>>>(
-      q, k, v, out, log_sum_exp, rows_total, int(shape.tokens), int(shape.head_dim),
-      1.0 / std::sqrt(double(shape.head_dim)));
-  CUDA_CHECK_LAUNCH();
+  with_element_type(shape, [&](auto element) {
+    using Element = decltype(element);
+    reference_attention_fp64<<<unsigned(blocks), kWarpsPerBlock * kWarpSize, 0, stream>>>(
+        reinterpret_cast<const Element*>(q), reinterpret_cast<const Element*>(k),
+        reinterpret_cast<const Element*>(v), out, log_sum_exp, rows_total, int(shape.tokens),
+        int(shape.head_dim), 1.0 / std::sqrt(double(shape.head_dim)));
+    CUDA_CHECK_LAUNCH();
+  });
 }
 
 }  // namespace attn

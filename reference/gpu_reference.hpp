@@ -23,8 +23,8 @@
 
 namespace attn {
 
-// O = softmax(Q K^T / sqrt(D)) V for every slice of `shape`, from device [B, H, N, D] fp16
-// contiguous tensors into `out` (device, [B, H, N, D] fp32), on `stream`. Any N >= 1, D <= 256.
+// O = softmax(Q K^T / sqrt(D)) V for every slice of `shape`, from device [B, H, N, D] contiguous
+// tensors of shape.dtype (fp16, or bf16 behind the same pointer type, as AttentionArgs has them) into `out` (device, [B, H, N, D] fp32), on `stream`. Any N >= 1, D <= 256.
 // `log_sum_exp` (device, [B, H, N] fp32, or nullptr) receives each row's L = log(sum_j exp(s_j)),
 // s = q K^T / sqrt(D).
 void launch_gpu_reference(const __half* q, const __half* k, const __half* v, float* out,
@@ -33,7 +33,7 @@ void launch_gpu_reference(const __half* q, const __half* k, const __half* v, flo
 constexpr int kGpuReferenceMaxHeadDim = 256;
 
 // The backward's GPU reference, in the same way: dQ, dK and dV (device, [B, H, N, D] fp32 each)
-// for every slice from device fp16 Q, K, V and dO, all arithmetic in fp64 (backward_reference.hpp
+// for every slice from device Q, K, V and dO of shape.dtype, all arithmetic in fp64 (backward_reference.hpp
 // has the maths), scale = 1/sqrt(D) unless given. `row_stats` is device scratch of
 // gpu_backward_reference_scratch_bytes(shape). Any N >= 1, D <= 256. Two kernels: one warp per
 // query row (its L, D = sum_j P_ij dP_ij and dQ), then one warp per key (dK and dV).

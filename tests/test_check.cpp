@@ -96,6 +96,36 @@ TEST_SUITE("check") {
     CHECK_FALSE(attn::compare(f.inputs, f.reference, out).passed);
   }
 
+  TEST_CASE("bf16: its tolerance is bf16's, which an output rounded to bf16 passes with margin") {
+    // A perfect kernel in bf16 stores the reference rounded to bf16 (8 significant bits): a
+    // relative error near u/2 = 2^-9, far inside 4u of bf16 and far outside 4u of fp16.
+    Shape shape{2, 3, 33, 64, attn::DType::bf16};
+    const attn::HostTensors inputs = attn::make_inputs(shape, 21);
+    for (__half value : inputs.q) {  // drawn as bf16 values: at most 8 significant bits
+      REQUIRE(__half2float(value) == float(__half2float(attn::to_dtype(__half2float(value), attn::DType::bf16))));
+    }
+    const attn::Reference reference =
+        attn::compute_reference(inputs, attn::slices_to_check(shape, CheckMode::full, 21));
+    std::vector<__half> out(std::size_t(shape.elements()));
+    const int64_t slice_size = shape.tokens * shape.head_dim;
+    for (std::size_t w = 0; w < reference.slices.size(); ++w) {
+      for (int64_t i = 0; i < slice_size; ++i) {
+        out[reference.slices[w] * slice_size + i] =
+            attn::to_dtype(float(reference.output[w][i]), attn::DType::bf16);
+      }
+    }
+    const attn::CheckResult as_bf16 = attn::compare(inputs, reference, out);
+    CHECK(as_bf16.passed);
+    CHECK(as_bf16.relative_tolerance == attn::relative_tolerance(attn::DType::bf16));
+    CHECK(as_bf16.relative_error < attn::relative_tolerance(attn::DType::bf16) / 2);
+    // Every value 0.8% too large: within bf16's 4u (1.6%), outside fp16's (0.2%).
+    for (__half& value : out) value = __float2half(__half2float(value) * 1.008f);
+    CHECK(attn::compare(inputs, reference, out).passed);
+    attn::HostTensors as_fp16 = inputs;
+    as_fp16.shape.dtype = attn::DType::fp16;
+    CHECK_FALSE(attn::compare(as_fp16, reference, out).passed);
+  }
+
   TEST_CASE("every slice: an error in a slice the fp64 sample skips fails the all-slices part") {
     // The fp64 reference on the first slice only; the GPU reference's role played by the fp64
     // values of every slice, in fp32.

@@ -81,6 +81,9 @@ TEST_SUITE("cli") {
     CHECK(o.device == 1);
     CHECK_FALSE(o.measure_ceilings);
     CHECK(parse({}).measure_ceilings);
+    CHECK(parse({}).shape.dtype == attn::DType::fp16);
+    CHECK(parse({"--dtype", "bf16"}).shape.dtype == attn::DType::bf16);
+    CHECK(parse({"--dtype=fp16"}).shape.dtype == attn::DType::fp16);
   }
 
   TEST_CASE("bad input: exit 2, one line on stderr naming the flag") {
@@ -113,6 +116,9 @@ TEST_SUITE("cli") {
         {{"--check", "most"}, "--check: 'most' is not one of sample, full, none"},
         {{"--format", "xml"}, "--format: 'xml' is not one of text, json, csv"},
         {{"--device", "-1"}, "--device: -1 is too small"},
+        {{"--dtype", "fp8"}, "--dtype: 'fp8' is not one of fp16, bf16"},
+        {{"--dtype", "bf16"}, "does not serve --dtype bf16 (it takes fp16)"},
+        {{"--dtype", "bf16", "--format", "csv"}, "has no dtype column"},
         {{"--tokens", "2000", "--batch", "2147483647", "--heads", "2147483647", "--head-dim", "64"},
          "overflows 64 bits"},
     };

@@ -187,6 +187,42 @@ TEST_CASE("run-to-run equality: the same inputs give the same bits, and they are
   }
 }
 
+TEST_CASE("bf16, where the step takes it: tails, a ViT shape, the stress case, the key mask") {
+  const attn::StepInfo& step = step_under_test();
+  const Shape probe{1, 1, 64, 64, attn::DType::bf16};
+  if (std::find(step.dtypes.begin(), step.dtypes.end(), attn::DType::bf16) == step.dtypes.end()) {
+    const auto reason = step.refuses(probe, device_under_test());  // the refusal is the test
+    REQUIRE(reason.has_value());
+    CHECK(reason->find("--dtype bf16") != std::string::npos);
+    return;
+  }
+  for (int head_dim : step.head_dims) {
+    for (int64_t tokens : {1, 17, 64, 65, 127, 197}) {
+      for (auto [batch, heads] : {std::pair<int64_t, int64_t>{1, 1}, {2, 3}}) {
+        const Shape shape{batch, heads, tokens, head_dim, attn::DType::bf16};
+        if (!serves(step, shape)) continue;
+        CAPTURE(shape.str());
+        require_pass(check_step(step, shape));
+      }
+    }
+    const Shape vit{32, 12, 577, head_dim, attn::DType::bf16};
+    if (serves(step, vit)) {
+      CAPTURE(vit.str());
+      require_pass(check_step(step, vit, {CheckMode::sample}));
+    }
+    const Shape small{2, 2, 577, head_dim, attn::DType::bf16};
+    if (serves(step, small)) {
+      CAPTURE(small.str());
+      Run stress;
+      stress.qk_scale = attn::kStressScale;
+      require_pass(check_step(step, small, stress));
+      Run mask;
+      mask.mask_probe = true;
+      require_pass(check_step(step, Shape{1, 2, 130, head_dim, attn::DType::bf16}, mask));
+    }
+  }
+}
+
 TEST_CASE("refuses what it does not serve, with a reason naming the flag") {
   const attn::StepInfo& step = step_under_test();
   const attn::DeviceLimits& device = device_under_test();

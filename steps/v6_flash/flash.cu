@@ -13,7 +13,9 @@
 //   - exp2 with log2(e)/sqrt(D) folded into one constant, so each exponent is one FFMA;
 //   - the tail (keys >= N) is masked only in the last K/V tile;
 //   - when asked, each row's log-sum-exp L leaves beside O: the backward pass rebuilds P from it.
-// Serves head dims 32, 64, 80, 128 (multiples of 16, so the fragments tile D exactly).
+// Serves head dims 32, 64, 80, 128 (multiples of 16, so the fragments tile D exactly), in fp16
+// or bf16 (the kernel is a template on the element type; only the MMA and the packing differ).
+#include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include <cmath>
@@ -41,10 +43,10 @@ using warp_mma::ldmatrix_x4;
 using warp_mma::ldmatrix_x4_trans;
 using warp_mma::mma_16x8x16;
 
-// P in fp16 pairs, and 2^x in one instruction: beside this file, shared with steps 7 and 8.
+// P in fp16 (or bf16) pairs, and 2^x in one instruction: beside this file, shared with steps 7 and 8.
 using fragment_math::fast_exp2;
 using fragment_math::log_sum_exp;
-using fragment_math::pack_half2;
+using fragment_math::pack_pair;
 
 // ---- Tile geometry --------------------------------------------------------------------------
 
@@ -61,20 +63,20 @@ struct Tiles {
   static constexpr int kKeyTiles = kBlockN / 8;   // n-tiles of S
   static constexpr int kKeyChunks = kBlockN / 16; // k-steps of P V
   static constexpr int kSharedHalves = (kBlockM + 4 * kBlockN) * kStride;  // Q, 2 K, 2 V
-  static constexpr std::size_t kSharedBytes = kSharedHalves * sizeof(__half);
+  static constexpr std::size_t kSharedBytes = kSharedHalves * 2;  // 16-bit elements
   static_assert(kHeadDim % 16 == 0, "fragments tile D by 16");
 };
 
 // Rows [row0, row0 + kRows) of a [N, D] slice into a padded shared tile; rows >= N become 0.
-template <int kRows, int kHeadDim, int kStride, int kThreads>
-__device__ __forceinline__ void load_tile_async(__half* tile, const __half* slice, int row0,
+template <int kRows, int kHeadDim, int kStride, int kThreads, typename Element>
+__device__ __forceinline__ void load_tile_async(Element* tile, const Element* slice, int row0,
                                                 int tokens) {
   constexpr int kChunksPerRow = kHeadDim / 8;  // 16-byte chunks
   for (int chunk = threadIdx.x; chunk < kRows * kChunksPerRow; chunk += kThreads) {
     const int r = chunk / kChunksPerRow, column = (chunk % kChunksPerRow) * 8;
     const int row = row0 + r;
     const bool inside = row < tokens;
-    const __half* source = slice + int64_t(inside ? row : 0) * kHeadDim + column;
+    const Element* source = slice + int64_t(inside ? row : 0) * kHeadDim + column;
     cp_async_16(tile + r * kStride + column, source, inside ? 16 : 0);
   }
 }
@@ -88,10 +90,10 @@ __device__ __forceinline__ void load_tile_async(__half* tile, const __half* slic
 // A lane therefore tracks 2 * kRowGroups rows; index r = 2 * row_group + half. kWritesLse: the
 // epilogue also writes each row's L to row_lse (a separate kernel, so the inference one is
 // unchanged; see launch_flash_for).
-template <int kHeadDim, int kWarps, int kRowGroups, int kBlockN, bool kWritesLse>
+template <typename Element, int kHeadDim, int kWarps, int kRowGroups, int kBlockN, bool kWritesLse>
 __global__ void __launch_bounds__(32 * kWarps)
-    flash_attention_kernel(const __half* __restrict__ q, const __half* __restrict__ k,
-                           const __half* __restrict__ v, __half* __restrict__ o,
+    flash_attention_kernel(const Element* __restrict__ q, const Element* __restrict__ k,
+                           const Element* __restrict__ v, Element* __restrict__ o,
                            float* __restrict__ row_lse, int tokens, int row_tiles, float scale_log2) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
   // cp.async and mma.m16n8k16 need sm_80. A build for an older GPU (sm_75) gets this empty
@@ -101,9 +103,9 @@ __global__ void __launch_bounds__(32 * kWarps)
   using T = Tiles<kHeadDim, kWarps, kRowGroups, kBlockN>;
   constexpr int kRows = 2 * kRowGroups;  // rows tracked per lane
   extern __shared__ __align__(16) unsigned char shared_bytes[];
-  __half* q_tile = reinterpret_cast<__half*>(shared_bytes);
-  __half* k_tiles = q_tile + T::kBlockM * T::kStride;  // two stages
-  __half* v_tiles = k_tiles + 2 * kBlockN * T::kStride;  // two stages
+  Element* q_tile = reinterpret_cast<Element*>(shared_bytes);
+  Element* k_tiles = q_tile + T::kBlockM * T::kStride;  // two stages
+  Element* v_tiles = k_tiles + 2 * kBlockN * T::kStride;  // two stages
 
   const int row_tile = blockIdx.x % row_tiles;  // consecutive blocks share a slice's K and V
   const int64_t slice_offset = int64_t(blockIdx.x / row_tiles) * tokens * kHeadDim;
@@ -130,8 +132,8 @@ __global__ void __launch_bounds__(32 * kWarps)
   }
 
   for (int tile = 0; tile < kv_tiles; ++tile) {
-    const __half* k_tile = k_tiles + (tile % 2) * kBlockN * T::kStride;
-    const __half* v_tile = v_tiles + (tile % 2) * kBlockN * T::kStride;
+    const Element* k_tile = k_tiles + (tile % 2) * kBlockN * T::kStride;
+    const Element* v_tile = v_tiles + (tile % 2) * kBlockN * T::kStride;
     const int tile_keys = min(kBlockN, tokens - tile * kBlockN);  // < kBlockN only at the end
 
     cp_async_wait<1>();  // K of this tile has landed (V may still be in flight)
@@ -155,8 +157,8 @@ __global__ void __launch_bounds__(32 * kWarps)
         ldmatrix_x4(k_fragments, k_tile + (pair * 16 + lane % 8 + (lane / 16) * 8) * T::kStride +
                                      c * 16 + ((lane / 8) % 2) * 8);
         for (int g = 0; g < kRowGroups; ++g) {
-          mma_16x8x16(s_acc[g][2 * pair], q_fragments[g][c], k_fragments[0], k_fragments[1]);
-          mma_16x8x16(s_acc[g][2 * pair + 1], q_fragments[g][c], k_fragments[2], k_fragments[3]);
+          mma_16x8x16<Element>(s_acc[g][2 * pair], q_fragments[g][c], k_fragments[0], k_fragments[1]);
+          mma_16x8x16<Element>(s_acc[g][2 * pair + 1], q_fragments[g][c], k_fragments[2], k_fragments[3]);
         }
       }
     }
@@ -210,23 +212,23 @@ __global__ void __launch_bounds__(32 * kWarps)
     cp_async_wait<1>();  // V of this tile has landed (the next K may still be in flight)
     __syncthreads();
 
-    // O += P V. The S accumulators of two neighbouring 8-key tiles are, packed to fp16,
-    // exactly the A fragment of a 16-key step: P goes from registers to the tensor cores.
+    // O += P V. The S accumulators of two neighbouring 8-key tiles are, packed to fp16 (or
+    // bf16), exactly the A fragment of a 16-key step: P goes from registers to the tensor cores.
     for (int c = 0; c < T::kKeyChunks; ++c) {
       uint32_t p_fragments[kRowGroups][4];
       for (int g = 0; g < kRowGroups; ++g) {
-        p_fragments[g][0] = pack_half2(s_acc[g][2 * c][0], s_acc[g][2 * c][1]);
-        p_fragments[g][1] = pack_half2(s_acc[g][2 * c][2], s_acc[g][2 * c][3]);
-        p_fragments[g][2] = pack_half2(s_acc[g][2 * c + 1][0], s_acc[g][2 * c + 1][1]);
-        p_fragments[g][3] = pack_half2(s_acc[g][2 * c + 1][2], s_acc[g][2 * c + 1][3]);
+        p_fragments[g][0] = pack_pair<Element>(s_acc[g][2 * c][0], s_acc[g][2 * c][1]);
+        p_fragments[g][1] = pack_pair<Element>(s_acc[g][2 * c][2], s_acc[g][2 * c][3]);
+        p_fragments[g][2] = pack_pair<Element>(s_acc[g][2 * c + 1][0], s_acc[g][2 * c + 1][1]);
+        p_fragments[g][3] = pack_pair<Element>(s_acc[g][2 * c + 1][2], s_acc[g][2 * c + 1][3]);
       }
       for (int pair = 0; pair < T::kDTiles / 2; ++pair) {
         uint32_t v_fragments[4];
         ldmatrix_x4_trans(v_fragments, v_tile + (c * 16 + lane % 8 + ((lane / 8) % 2) * 8) * T::kStride +
                                            pair * 16 + (lane / 16) * 8);
         for (int g = 0; g < kRowGroups; ++g) {
-          mma_16x8x16(o_acc[g][2 * pair], p_fragments[g], v_fragments[0], v_fragments[1]);
-          mma_16x8x16(o_acc[g][2 * pair + 1], p_fragments[g], v_fragments[2], v_fragments[3]);
+          mma_16x8x16<Element>(o_acc[g][2 * pair], p_fragments[g], v_fragments[0], v_fragments[1]);
+          mma_16x8x16<Element>(o_acc[g][2 * pair + 1], p_fragments[g], v_fragments[2], v_fragments[3]);
         }
       }
     }
@@ -241,7 +243,7 @@ __global__ void __launch_bounds__(32 * kWarps)
   // Normalise, stage this warp's rows in its own rows of the Q tile (only this warp read
   // them), then store 16-byte chunks: consecutive lanes write consecutive addresses. L, when
   // asked for, is one float per row: the quad's first lane writes it.
-  __half* o_stage = q_tile + warp * T::kWarpRows * T::kStride;
+  Element* o_stage = q_tile + warp * T::kWarpRows * T::kStride;
   for (int r = 0; r < kRows; ++r) {
     const int g = r / 2, half = r % 2;
     float total = row_sum[r];
@@ -255,8 +257,8 @@ __global__ void __launch_bounds__(32 * kWarps)
       }
     }
     for (int d = 0; d < T::kDTiles; ++d) {
-      *reinterpret_cast<__half2*>(o_stage + (g * 16 + group + 8 * half) * T::kStride + d * 8 + 2 * quad_lane) =
-          __floats2half2_rn(o_acc[g][d][2 * half] * inverse, o_acc[g][d][2 * half + 1] * inverse);
+      *reinterpret_cast<uint32_t*>(o_stage + (g * 16 + group + 8 * half) * T::kStride + d * 8 + 2 * quad_lane) =
+          pack_pair<Element>(o_acc[g][d][2 * half] * inverse, o_acc[g][d][2 * half + 1] * inverse);
     }
   }
   __syncwarp();
@@ -274,22 +276,25 @@ __global__ void __launch_bounds__(32 * kWarps)
 
 // ---- Launch ---------------------------------------------------------------------------------
 
-template <int kHeadDim, int kWarps, int kRowGroups, int kBlockN>
+template <typename Element, int kHeadDim, int kWarps, int kRowGroups, int kBlockN>
 void launch_flash_for(Tiles<kHeadDim, kWarps, kRowGroups, kBlockN>, const attn::AttentionArgs& args) {
   using T = Tiles<kHeadDim, kWarps, kRowGroups, kBlockN>;
   // Two kernels, not one with `if (row_lse != nullptr)`: that test, though never taken on the
   // inference path, changed the register allocation of the whole kernel and cost it up to 11%
   // at D = 128 on the H100 (chapter 07).
   auto kernel = args.log_sum_exp != nullptr
-                    ? flash_attention_kernel<kHeadDim, kWarps, kRowGroups, kBlockN, true>
-                    : flash_attention_kernel<kHeadDim, kWarps, kRowGroups, kBlockN, false>;
+                    ? flash_attention_kernel<Element, kHeadDim, kWarps, kRowGroups, kBlockN, true>
+                    : flash_attention_kernel<Element, kHeadDim, kWarps, kRowGroups, kBlockN, false>;
   CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                   int(T::kSharedBytes)));
   const int row_tiles = (args.tokens + T::kBlockM - 1) / T::kBlockM;
   const int64_t blocks = int64_t(row_tiles) * args.batch * args.heads;
   const float scale_log2 = float(M_LOG2E * args.scale);
+  // The pointers are typed for fp16 (AttentionArgs); with bf16 they hold __nv_bfloat16 data.
   kernel<<<unsigned(blocks), T::kThreads, T::kSharedBytes, args.stream>>>(
-      args.q, args.k, args.v, args.o, args.log_sum_exp, args.tokens, row_tiles, scale_log2);
+      reinterpret_cast<const Element*>(args.q), reinterpret_cast<const Element*>(args.k),
+      reinterpret_cast<const Element*>(args.v), reinterpret_cast<Element*>(args.o),
+      args.log_sum_exp, args.tokens, row_tiles, scale_log2);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -324,7 +329,13 @@ void with_tile_shape(int64_t head_dim, Body&& body) {
 }
 
 void launch_flash(const attn::AttentionArgs& args) {
-  with_tile_shape(args.head_dim, [&](auto tiles) { launch_flash_for(tiles, args); });
+  with_tile_shape(args.head_dim, [&](auto tiles) {
+    if (args.dtype == attn::DType::bf16) {
+      launch_flash_for<__nv_bfloat16>(tiles, args);
+    } else {
+      launch_flash_for<__half>(tiles, args);
+    }
+  });
 }
 
 // Independent of N: Q, two K and two V tiles.
@@ -341,4 +352,6 @@ ATTN_REGISTER_STEP(attn::StepInfo{ATTN_STEP_ID,
                                   {32, 64, 80, 128}, 80, 0, shared_bytes_needed,
                                   launch_flash, nullptr, attn::StepKind::step,
                                   /*takes_strides=*/false, /*pipeline_report=*/nullptr,
-                                  /*writes_log_sum_exp=*/true})
+                                  /*writes_log_sum_exp=*/true, /*launch_backward=*/nullptr,
+                                  /*forward_step=*/"",
+                                  {attn::DType::fp16, attn::DType::bf16}})

@@ -1,17 +1,30 @@
-// The helpers step 6 introduced and the later steps keep: fp16 pairs for the A operand of a
+// The helpers step 6 introduced and the later steps keep: fp16 (or bf16) pairs for the A operand of a
 // tensor-core product (P packed from the S accumulators), 2^x in one instruction, and a row's
 // log-sum-exp from what the online softmax keeps.
 #pragma once
 
+#include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include <cstdint>
+#include <type_traits>
 
 namespace fragment_math {
 
 __device__ __forceinline__ uint32_t pack_half2(float low, float high) {
   const __half2 pair = __floats2half2_rn(low, high);
   return *reinterpret_cast<const uint32_t*>(&pair);
+}
+
+// The same for either 16-bit type (Element: __half or __nv_bfloat16), rounding to nearest.
+template <typename Element>
+__device__ __forceinline__ uint32_t pack_pair(float low, float high) {
+  if constexpr (std::is_same_v<Element, __nv_bfloat16>) {
+    const __nv_bfloat162 pair = __floats2bfloat162_rn(low, high);
+    return *reinterpret_cast<const uint32_t*>(&pair);
+  } else {
+    return pack_half2(low, high);
+  }
 }
 
 // ex2.approx: one special-function instruction; exp(x) is fast_exp2(x * log2(e)), with log2(e)
