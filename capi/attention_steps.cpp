@@ -115,6 +115,16 @@ attn::Shape shape_of(int64_t batch, int64_t heads, int64_t tokens, int64_t head_
   return attn::Shape{batch, heads, tokens, head_dim};
 }
 
+// `shape` with the element type a call names (ATTN_DTYPE_*); any other value is refused.
+attn::Shape with_dtype(attn::Shape shape, int dtype) {
+  if (dtype != ATTN_DTYPE_FP16 && dtype != ATTN_DTYPE_BF16) {
+    throw Refused{"dtype " + std::to_string(dtype) + " is neither ATTN_DTYPE_FP16 (0) nor "
+                  "ATTN_DTYPE_BF16 (1)"};
+  }
+  shape.dtype = dtype == ATTN_DTYPE_BF16 ? attn::DType::bf16 : attn::DType::fp16;
+  return shape;
+}
+
 // The calling thread's current device, or CudaError "no CUDA device found (...)", the line the
 // step executables print.
 int current_device() {
@@ -361,6 +371,8 @@ int attn_step_get(int index, attn_step_info* info) {
     info->takes_strides = step.takes_strides ? 1 : 0;
     info->writes_log_sum_exp = step.writes_log_sum_exp ? 1 : 0;
     info->is_backward = attn::is_backward(step.kind) ? 1 : 0;
+    info->takes_bf16 = std::find(step.dtypes.begin(), step.dtypes.end(), attn::DType::bf16) !=
+                               step.dtypes.end() ? 1 : 0;
   });
 }
 
@@ -457,7 +469,8 @@ void launch_call(const char* id, const attn_launch_args& call) {
     throw Refused{step.id + " is a backward step (dQ, dK, dV from dO); the C ABI runs forward "
                   "steps"};
   }
-  const attn::Shape shape = shape_of(call.batch, call.heads, call.tokens, call.head_dim);
+  const attn::Shape shape =
+      with_dtype(shape_of(call.batch, call.heads, call.tokens, call.head_dim), call.dtype);
   if (call.kv_tokens != 0 && call.kv_tokens != call.tokens) {
     throw Refused{"kv_tokens " + std::to_string(call.kv_tokens) + " differs from tokens " +
                   std::to_string(call.tokens) + ": no step serves cross-attention yet (keys and "
@@ -497,7 +510,8 @@ void launch_backward_call(const char* id, const attn_backward_args& call) {
   if (!attn::is_backward(step.kind)) {
     throw Refused{step.id + " is a forward step; attn_launch_backward runs backward steps"};
   }
-  const attn::Shape shape = shape_of(call.batch, call.heads, call.tokens, call.head_dim);
+  const attn::Shape shape =
+      with_dtype(shape_of(call.batch, call.heads, call.tokens, call.head_dim), call.dtype);
   check_scale(call.scale);
   const int device = device_for_launch(step, shape);
   const bool query_cuda = call.pointers_checked_by_caller == 0;
@@ -530,6 +544,7 @@ void launch_backward_call(const char* id, const attn_backward_args& call) {
   args.heads = int(shape.heads);
   args.tokens = int(shape.tokens);
   args.head_dim = int(shape.head_dim);
+  args.dtype = shape.dtype;
   args.scale = call.scale > 0.0 ? call.scale : 1.0 / std::sqrt(double(shape.head_dim));
   args.stream = static_cast<cudaStream_t>(call.stream);
   args.deterministic = call.deterministic != 0;

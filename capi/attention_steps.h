@@ -35,13 +35,17 @@ extern "C" {
 #endif
 
 /* Bumped when a signature or a struct below changes. */
-#define ATTN_ABI_VERSION 4
+#define ATTN_ABI_VERSION 5
 
 #define ATTN_OK 0
 #define ATTN_REFUSED 2
 #define ATTN_CUDA_ERROR 3
 
 #define ATTN_MAX_HEAD_DIMS 8
+
+/* The element type of the 16-bit tensors (attn_launch_args, attn_backward_args). */
+#define ATTN_DTYPE_FP16 0
+#define ATTN_DTYPE_BF16 1
 
 /* What a step states about itself, the same on every GPU. The strings live as long as the
  * library stays loaded. */
@@ -58,6 +62,7 @@ typedef struct attn_step_info {
   int takes_strides;           /* 1 when it reads and writes views (attn_run_strided) */
   int writes_log_sum_exp;      /* 1 when it writes L (attn_run_with_log_sum_exp) */
   int is_backward;             /* 1 for a backward step (dQ, dK, dV): listed, not run here */
+  int takes_bf16;              /* 1 when it takes dtype ATTN_DTYPE_BF16 as well as fp16 */
 } attn_step_info;
 
 /* The strides, in elements, of a [B, H, N, D] view whose rows of D values are contiguous:
@@ -174,6 +179,9 @@ typedef struct attn_launch_args {
    * (cudaPointerGetAttributes per pointer, cudaStreamGetDevice): the call makes no CUDA call but
    * the launch. Alignment, sizes and overlaps are still checked: that is arithmetic. */
   int pointers_checked_by_caller;
+  /* ATTN_DTYPE_FP16 (0) or ATTN_DTYPE_BF16 for q, k, v and o; a step that does not take bf16
+   * (takes_bf16 0) refuses it. */
+  int dtype;
 } attn_launch_args;
 
 /* The one general launch: attn_run, attn_run_with_workspace, attn_run_strided and
@@ -184,7 +192,8 @@ int attn_launch(const char* id, const attn_launch_args* args, char* message,
                 size_t message_size);
 
 /* A backward step (is_backward): dQ, dK and dV from dO, given the forward's O and L (as a step
- * that writes_log_sum_exp wrote them). All fp16 [B, H, N, D] contiguous but L (fp32 [B, H, N]);
+ * that writes_log_sum_exp wrote them). All [B, H, N, D] contiguous of `dtype` (fp16 unless set)
+ * but L (fp32 [B, H, N]);
  * dQ, dK and dV must not overlap the inputs. Zero it first; fields left zero mean what the
  * comments of attn_launch_args say (scale 0: 1/sqrt(head_dim); workspace NULL: allocated
  * stream-ordered). */
@@ -205,6 +214,7 @@ typedef struct attn_backward_args {
   void* stream;
   int pointers_checked_by_caller;
   int deterministic;  /* 1: no atomics, the same bits on every run (slower) */
+  int dtype;          /* ATTN_DTYPE_FP16 (0) or ATTN_DTYPE_BF16, as in attn_launch_args */
 } attn_backward_args;
 
 /* Runs backward step `id`; refuses a forward step. Queued on the stream, like attn_launch. */

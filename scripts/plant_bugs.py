@@ -92,8 +92,8 @@ BUGS = [
          ("atomicAdd(dq_row + d * 8 + 2 * quad_lane + 1, dq_acc[d][2 * half + 1]);",
           "dq_row[d * 8 + 2 * quad_lane + 1] += dq_acc[d][2 * half + 1];", 1)]),
     Bug("v9nodkscale", V9, "dK without the softmax's scale (dS^T Q, not scale dS^T Q)",
-        [("__floats2half2_rn(dk_acc[d][2 * half] * scale, dk_acc[d][2 * half + 1] * scale)",
-          "__floats2half2_rn(dk_acc[d][2 * half], dk_acc[d][2 * half + 1])", 1)]),
+        [("pack_pair<Element>(dk_acc[d][2 * half] * scale, dk_acc[d][2 * half + 1] * scale)",
+          "pack_pair<Element>(dk_acc[d][2 * half], dk_acc[d][2 * half + 1])", 1)]),
     # The asynchronous protocol: races that need unlucky timing to corrupt a result.
     Bug("v7fullwaitonce", V7, "waits for a stage's copy only the first time round the ring",
         [("kv_ring.wait_full(tile);", "if (tile < T::kStages) kv_ring.wait_full(tile);", 1)],

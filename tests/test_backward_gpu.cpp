@@ -6,6 +6,7 @@
 // bits run to run), and refusals.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
@@ -96,6 +97,33 @@ TEST_SUITE("backward") {
         CHECK(same_bits(first.dk, second.dk));
         CHECK(same_bits(first.dv, second.dv));
       }
+    }
+  }
+
+  TEST_CASE("bf16, where the step takes it: tails, a ViT shape, the stress case; else a refusal") {
+    const attn::StepInfo& step = step_under_test();
+    if (std::find(step.dtypes.begin(), step.dtypes.end(), attn::DType::bf16) == step.dtypes.end()) {
+      const auto reason = step.refuses(Shape{1, 1, 64, 64, attn::DType::bf16});
+      REQUIRE(reason.has_value());
+      CHECK(reason->find("--dtype bf16") != std::string::npos);
+      return;
+    }
+    for (int head_dim : step.head_dims) {
+      for (int64_t tokens : {1, 17, 64, 65, 130, 197}) {
+        const Shape shape{2, 3, tokens, head_dim, attn::DType::bf16};
+        CAPTURE(shape.str());
+        REQUIRE(serves(shape));
+        require_pass(check_backward(shape, CheckMode::full));
+      }
+      const Shape vit{32, 12, 577, head_dim, attn::DType::bf16};
+      CAPTURE(vit.str());
+      require_pass(check_backward(vit, CheckMode::sample));
+      const Shape stress{1, 2, 197, head_dim, attn::DType::bf16};
+      CAPTURE(stress.str());
+      require_pass(check_backward(stress, CheckMode::full, attn::kStressScale));
+      const attn::BackwardRunResult deterministic = run_backward(Shape{2, 3, 130, head_dim, attn::DType::bf16},
+                                                                 CheckMode::full, 1.0, true);
+      require_pass(deterministic.check);
     }
   }
 

@@ -24,7 +24,7 @@ from typing import Optional, Sequence, Tuple
 
 LIBRARY_NAME = "libattention_steps.so"
 ENVIRONMENT_VARIABLE = "ATTENTION_STEPS_LIBRARY"
-ABI_VERSION = 4          # capi/attention_steps.h: ATTN_ABI_VERSION
+ABI_VERSION = 5          # capi/attention_steps.h: ATTN_ABI_VERSION
 OK, REFUSED, CUDA_ERROR = 0, 2, 3
 MAX_HEAD_DIMS = 8        # ATTN_MAX_HEAD_DIMS
 MESSAGE_BYTES = 1024
@@ -66,6 +66,7 @@ class StepInfo:
     takes_strides: bool  # reads and writes views (Library.run with strides)
     writes_log_sum_exp: bool  # writes each row's log-sum-exp L (Library.run with log_sum_exp)
     is_backward: bool = False  # a backward step (dQ, dK, dV): listed, not run through the library
+    takes_bf16: bool = False  # takes bf16 tensors as well as fp16 (the PyTorch operator's dtype)
 
 
 @dataclass(frozen=True)
@@ -90,6 +91,7 @@ class _StepInfoStruct(ctypes.Structure):
         ("takes_strides", ctypes.c_int),
         ("writes_log_sum_exp", ctypes.c_int),
         ("is_backward", ctypes.c_int),
+        ("takes_bf16", ctypes.c_int),
     ]
 
 
@@ -109,6 +111,7 @@ class _LaunchArgsStruct(ctypes.Structure):  # attn_launch_args
         ("workspace", ctypes.c_void_p), ("workspace_bytes", ctypes.c_size_t),
         ("stream", ctypes.c_void_p),
         ("pointers_checked_by_caller", ctypes.c_int),
+        ("dtype", ctypes.c_int),
     ]
 
 
@@ -229,7 +232,7 @@ class Library:
                 uses_workspace=bool(info.uses_workspace),
                 takes_strides=bool(info.takes_strides),
                 writes_log_sum_exp=bool(info.writes_log_sum_exp),
-                is_backward=bool(info.is_backward)))
+                is_backward=bool(info.is_backward), takes_bf16=bool(info.takes_bf16)))
         self._steps = tuple(found)
         return found
 

@@ -19,13 +19,16 @@
 // FlashAttention-2 shares dQ); five products instead of two, each one's operand already in the
 // layout mma.sync wants (S^T's accumulators are P^T's A fragment for dV, as in v6); and dS, the
 // one operand needed transposed, goes through shared memory.
-// Serves head dims 64 and 128 on sm_80 and newer.
+// Serves head dims 64 and 128 on sm_80 and newer, in fp16 or bf16 (every kernel is a template on
+// the element type, as step 6's is).
+#include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include <cmath>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
 #include "cuda_check.hpp"
 #include "step.hpp"
@@ -39,7 +42,7 @@
 namespace {
 
 using fragment_math::fast_exp2;
-using fragment_math::pack_half2;
+using fragment_math::pack_pair;
 using warp_mma::cp_async_16;
 using warp_mma::cp_async_commit;
 using warp_mma::cp_async_wait;
@@ -48,6 +51,24 @@ using warp_mma::ldmatrix_x4_trans;
 using warp_mma::mma_16x8x16;
 
 constexpr float kLog2e = 1.4426950408889634f;
+
+// One value of Element (__half or __nv_bfloat16) from a float, and a packed pair back to floats.
+template <typename Element>
+__device__ __forceinline__ Element from_float(float value) {
+  if constexpr (std::is_same_v<Element, __nv_bfloat16>) {
+    return __float2bfloat16(value);
+  } else {
+    return __float2half(value);
+  }
+}
+template <typename Element>
+__device__ __forceinline__ float2 unpack_pair(uint32_t bits) {
+  if constexpr (std::is_same_v<Element, __nv_bfloat16>) {
+    return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&bits));
+  } else {
+    return __half22float2(*reinterpret_cast<const __half2*>(&bits));
+  }
+}
 
 // ---- Tile geometry --------------------------------------------------------------------------
 
@@ -75,14 +96,14 @@ struct Tiles {
   static constexpr std::size_t kTileHalves = std::size_t(kBlockN) * kStride;
   static constexpr std::size_t kSharedBytes =
       (2 * kTileHalves + 4 * std::size_t(kBlockM) * kStride + std::size_t(kBlockM) * kDsStride) *
-          sizeof(__half) +
+          2 +  // 16-bit elements
       4 * kBlockM * sizeof(float);
   static_assert(kHeadDim % 16 == 0, "fragments tile D by 16");
 };
 
 // Rows [row0, row0 + kRows) of a [N, D] slice into a padded shared tile; rows >= N become 0.
-template <int kRows, int kHeadDim, int kStride, int kThreads>
-__device__ __forceinline__ void load_tile_async(__half* tile, const __half* slice, int row0,
+template <int kRows, int kHeadDim, int kStride, int kThreads, typename Element>
+__device__ __forceinline__ void load_tile_async(Element* tile, const Element* slice, int row0,
                                                 int tokens) {
   constexpr int kChunksPerRow = kHeadDim / 8;
   for (int chunk = threadIdx.x; chunk < kRows * kChunksPerRow; chunk += kThreads) {
@@ -106,7 +127,8 @@ __device__ __forceinline__ void load_rows(float* rows, const float* slice_rows, 
 
 // ---- 1. D = rowsum(dO o O) ----------------------------------------------------------------------
 
-__global__ void row_dot_kernel(const __half* __restrict__ o, const __half* __restrict__ d_o,
+template <typename Element>
+__global__ void row_dot_kernel(const Element* __restrict__ o, const Element* __restrict__ d_o,
                                float* __restrict__ row_dot, int64_t rows, int head_dim) {
   // One warp per row: each lane takes 8 of the D values (one 16-byte load of each tensor).
   const int64_t row = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
@@ -116,10 +138,10 @@ __global__ void row_dot_kernel(const __half* __restrict__ o, const __half* __res
   for (int column = lane * 8; column < head_dim; column += 32 * 8) {
     const uint4 o_chunk = *reinterpret_cast<const uint4*>(o + row * head_dim + column);
     const uint4 d_o_chunk = *reinterpret_cast<const uint4*>(d_o + row * head_dim + column);
-    const __half2* o_pairs = reinterpret_cast<const __half2*>(&o_chunk);
-    const __half2* d_o_pairs = reinterpret_cast<const __half2*>(&d_o_chunk);
+    const uint32_t* o_pairs = reinterpret_cast<const uint32_t*>(&o_chunk);
+    const uint32_t* d_o_pairs = reinterpret_cast<const uint32_t*>(&d_o_chunk);
     for (int i = 0; i < 4; ++i) {
-      const float2 a = __half22float2(o_pairs[i]), b = __half22float2(d_o_pairs[i]);
+      const float2 a = unpack_pair<Element>(o_pairs[i]), b = unpack_pair<Element>(d_o_pairs[i]);
       sum = fmaf(a.x, b.x, fmaf(a.y, b.y, sum));
     }
   }
@@ -131,24 +153,24 @@ __global__ void row_dot_kernel(const __half* __restrict__ o, const __half* __res
 
 // kAtomicDq: this kernel also adds dQ into the fp32 sum (the default); without it, dQ is left
 // to dq_pass_kernel below, the deterministic mode.
-template <int kHeadDim, int kWarps, bool kAtomicDq>
+template <typename Element, int kHeadDim, int kWarps, bool kAtomicDq>
 __global__ void __launch_bounds__(Tiles<kHeadDim, kWarps>::kThreads)
-    flash_backward_kernel(const __half* __restrict__ q, const __half* __restrict__ k,
-                          const __half* __restrict__ v, const __half* __restrict__ d_o,
+    flash_backward_kernel(const Element* __restrict__ q, const Element* __restrict__ k,
+                          const Element* __restrict__ v, const Element* __restrict__ d_o,
                           const float* __restrict__ log_sum_exp, const float* __restrict__ row_dot,
-                          float* __restrict__ dq_sum, __half* __restrict__ dk,
-                          __half* __restrict__ dv, int tokens, int key_tiles, float scale,
+                          float* __restrict__ dq_sum, Element* __restrict__ dk,
+                          Element* __restrict__ dv, int tokens, int key_tiles, float scale,
                           float scale_log2) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
   return;  // cp.async and mma.m16n8k16 need sm_80; the registration says 8.0
 #else
   using T = Tiles<kHeadDim, kWarps>;
   extern __shared__ __align__(16) unsigned char shared_bytes[];
-  __half* k_tile = reinterpret_cast<__half*>(shared_bytes);
-  __half* v_tile = k_tile + T::kTileHalves;
-  __half* q_tiles = v_tile + T::kTileHalves;                  // two stages
-  __half* d_o_tiles = q_tiles + 2 * T::kBlockM * T::kStride;  // two stages
-  __half* ds_tile = d_o_tiles + 2 * T::kBlockM * T::kStride;  // [query][key]
+  Element* k_tile = reinterpret_cast<Element*>(shared_bytes);
+  Element* v_tile = k_tile + T::kTileHalves;
+  Element* q_tiles = v_tile + T::kTileHalves;                  // two stages
+  Element* d_o_tiles = q_tiles + 2 * T::kBlockM * T::kStride;  // two stages
+  Element* ds_tile = d_o_tiles + 2 * T::kBlockM * T::kStride;  // [query][key]
   float* lse_rows = reinterpret_cast<float*>(ds_tile + T::kBlockM * T::kDsStride);  // two stages
   float* dot_rows = lse_rows + 2 * T::kBlockM;                                      // two stages
 
@@ -195,8 +217,8 @@ __global__ void __launch_bounds__(Tiles<kHeadDim, kWarps>::kThreads)
 
   for (int step = 0; step < row_tiles; ++step) {
     const int row_tile = row_tile_at(step), stage = step % 2;
-    const __half* q_tile = q_tiles + stage * T::kBlockM * T::kStride;
-    const __half* d_o_tile = d_o_tiles + stage * T::kBlockM * T::kStride;
+    const Element* q_tile = q_tiles + stage * T::kBlockM * T::kStride;
+    const Element* d_o_tile = d_o_tiles + stage * T::kBlockM * T::kStride;
     const float* lse = lse_rows + stage * T::kBlockM;
     const float* dot = dot_rows + stage * T::kBlockM;
     cp_async_wait<0>();
@@ -217,10 +239,10 @@ __global__ void __launch_bounds__(Tiles<kHeadDim, kWarps>::kThreads)
         uint32_t q_fragment[4], d_o_fragment[4];
         ldmatrix_x4(q_fragment, q_tile + b_row);
         ldmatrix_x4(d_o_fragment, d_o_tile + b_row);
-        mma_16x8x16(s_acc[2 * pair], k_fragment, q_fragment[0], q_fragment[1]);
-        mma_16x8x16(s_acc[2 * pair + 1], k_fragment, q_fragment[2], q_fragment[3]);
-        mma_16x8x16(dp_acc[2 * pair], v_fragment, d_o_fragment[0], d_o_fragment[1]);
-        mma_16x8x16(dp_acc[2 * pair + 1], v_fragment, d_o_fragment[2], d_o_fragment[3]);
+        mma_16x8x16<Element>(s_acc[2 * pair], k_fragment, q_fragment[0], q_fragment[1]);
+        mma_16x8x16<Element>(s_acc[2 * pair + 1], k_fragment, q_fragment[2], q_fragment[3]);
+        mma_16x8x16<Element>(dp_acc[2 * pair], v_fragment, d_o_fragment[0], d_o_fragment[1]);
+        mma_16x8x16<Element>(dp_acc[2 * pair + 1], v_fragment, d_o_fragment[2], d_o_fragment[3]);
       }
     }
 
@@ -240,22 +262,22 @@ __global__ void __launch_bounds__(Tiles<kHeadDim, kWarps>::kThreads)
     // as the k dimension, read transposed.
     for (int c = 0; c < T::kRowChunks; ++c) {
       const uint32_t p_fragment[4] = {
-          pack_half2(s_acc[2 * c][0], s_acc[2 * c][1]), pack_half2(s_acc[2 * c][2], s_acc[2 * c][3]),
-          pack_half2(s_acc[2 * c + 1][0], s_acc[2 * c + 1][1]),
-          pack_half2(s_acc[2 * c + 1][2], s_acc[2 * c + 1][3])};
+          pack_pair<Element>(s_acc[2 * c][0], s_acc[2 * c][1]), pack_pair<Element>(s_acc[2 * c][2], s_acc[2 * c][3]),
+          pack_pair<Element>(s_acc[2 * c + 1][0], s_acc[2 * c + 1][1]),
+          pack_pair<Element>(s_acc[2 * c + 1][2], s_acc[2 * c + 1][3])};
       const uint32_t ds_fragment[4] = {
-          pack_half2(dp_acc[2 * c][0], dp_acc[2 * c][1]), pack_half2(dp_acc[2 * c][2], dp_acc[2 * c][3]),
-          pack_half2(dp_acc[2 * c + 1][0], dp_acc[2 * c + 1][1]),
-          pack_half2(dp_acc[2 * c + 1][2], dp_acc[2 * c + 1][3])};
+          pack_pair<Element>(dp_acc[2 * c][0], dp_acc[2 * c][1]), pack_pair<Element>(dp_acc[2 * c][2], dp_acc[2 * c][3]),
+          pack_pair<Element>(dp_acc[2 * c + 1][0], dp_acc[2 * c + 1][1]),
+          pack_pair<Element>(dp_acc[2 * c + 1][2], dp_acc[2 * c + 1][3])};
       for (int pair = 0; pair < T::kDTiles / 2; ++pair) {
         const int b_offset = (c * 16 + lane % 8 + ((lane / 8) % 2) * 8) * T::kStride + pair * 16 + (lane / 16) * 8;
         uint32_t d_o_fragment[4], q_fragment[4];
         ldmatrix_x4_trans(d_o_fragment, d_o_tile + b_offset);
         ldmatrix_x4_trans(q_fragment, q_tile + b_offset);
-        mma_16x8x16(dv_acc[2 * pair], p_fragment, d_o_fragment[0], d_o_fragment[1]);
-        mma_16x8x16(dv_acc[2 * pair + 1], p_fragment, d_o_fragment[2], d_o_fragment[3]);
-        mma_16x8x16(dk_acc[2 * pair], ds_fragment, q_fragment[0], q_fragment[1]);
-        mma_16x8x16(dk_acc[2 * pair + 1], ds_fragment, q_fragment[2], q_fragment[3]);
+        mma_16x8x16<Element>(dv_acc[2 * pair], p_fragment, d_o_fragment[0], d_o_fragment[1]);
+        mma_16x8x16<Element>(dv_acc[2 * pair + 1], p_fragment, d_o_fragment[2], d_o_fragment[3]);
+        mma_16x8x16<Element>(dk_acc[2 * pair], ds_fragment, q_fragment[0], q_fragment[1]);
+        mma_16x8x16<Element>(dk_acc[2 * pair + 1], ds_fragment, q_fragment[2], q_fragment[3]);
       }
     }
 
@@ -264,7 +286,7 @@ __global__ void __launch_bounds__(Tiles<kHeadDim, kWarps>::kThreads)
       for (int n = 0; n < T::kRowTiles; ++n) {
         for (int e = 0; e < 4; ++e) {
           ds_tile[(n * 8 + 2 * quad_lane + e % 2) * T::kDsStride + warp_key0 + group + 8 * (e / 2)] =
-              __float2half(dp_acc[n][e]);
+              from_float<Element>(dp_acc[n][e]);
         }
       }
       __syncthreads();
@@ -280,8 +302,8 @@ __global__ void __launch_bounds__(Tiles<kHeadDim, kWarps>::kThreads)
           uint32_t k_fragment[4];
           ldmatrix_x4_trans(k_fragment, k_tile + (c * 16 + lane % 8 + ((lane / 8) % 2) * 8) * T::kStride +
                                             dq_column0 + pair * 16 + (lane / 16) * 8);
-          mma_16x8x16(dq_acc[2 * pair], ds_fragment, k_fragment[0], k_fragment[1]);
-          mma_16x8x16(dq_acc[2 * pair + 1], ds_fragment, k_fragment[2], k_fragment[3]);
+          mma_16x8x16<Element>(dq_acc[2 * pair], ds_fragment, k_fragment[0], k_fragment[1]);
+          mma_16x8x16<Element>(dq_acc[2 * pair + 1], ds_fragment, k_fragment[2], k_fragment[3]);
         }
       }
       // BEGIN EXERCISE: add this block's share of dQ into the fp32 sum every K/V tile adds to
@@ -309,10 +331,10 @@ __global__ void __launch_bounds__(Tiles<kHeadDim, kWarps>::kThreads)
     const int64_t row = slice_offset + int64_t(key0 + warp_key0 + group + 8 * half) * kHeadDim;
     for (int d = 0; d < T::kDTiles; ++d) {
       const int column = d * 8 + 2 * quad_lane;
-      *reinterpret_cast<__half2*>(dk + row + column) =
-          __floats2half2_rn(dk_acc[d][2 * half] * scale, dk_acc[d][2 * half + 1] * scale);
-      *reinterpret_cast<__half2*>(dv + row + column) =
-          __floats2half2_rn(dv_acc[d][2 * half], dv_acc[d][2 * half + 1]);
+      *reinterpret_cast<uint32_t*>(dk + row + column) =
+          pack_pair<Element>(dk_acc[d][2 * half] * scale, dk_acc[d][2 * half + 1] * scale);
+      *reinterpret_cast<uint32_t*>(dv + row + column) =
+          pack_pair<Element>(dv_acc[d][2 * half], dv_acc[d][2 * half + 1]);
     }
   }
 #endif
@@ -338,25 +360,25 @@ struct DqTiles {
   static constexpr int kKeyChunks = kBlockN / 16;
   // Q and dO (read once into registers), then two stages of K and of V.
   static constexpr std::size_t kSharedBytes =
-      (2 * std::size_t(kBlockM) + 4 * std::size_t(kBlockN)) * kStride * sizeof(__half);
+      (2 * std::size_t(kBlockM) + 4 * std::size_t(kBlockN)) * kStride * 2;  // 16-bit elements
 };
 
-template <int kHeadDim>
+template <typename Element, int kHeadDim>
 __global__ void __launch_bounds__(DqTiles<kHeadDim>::kThreads)
-    dq_pass_kernel(const __half* __restrict__ q, const __half* __restrict__ k,
-                   const __half* __restrict__ v, const __half* __restrict__ d_o,
+    dq_pass_kernel(const Element* __restrict__ q, const Element* __restrict__ k,
+                   const Element* __restrict__ v, const Element* __restrict__ d_o,
                    const float* __restrict__ log_sum_exp, const float* __restrict__ row_dot,
-                   __half* __restrict__ dq, int tokens, int row_tiles, float scale,
+                   Element* __restrict__ dq, int tokens, int row_tiles, float scale,
                    float scale_log2) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
   return;
 #else
   using T = DqTiles<kHeadDim>;
   extern __shared__ __align__(16) unsigned char shared_bytes[];
-  __half* q_tile = reinterpret_cast<__half*>(shared_bytes);
-  __half* d_o_tile = q_tile + T::kBlockM * T::kStride;
-  __half* k_tiles = d_o_tile + T::kBlockM * T::kStride;  // two stages
-  __half* v_tiles = k_tiles + 2 * T::kBlockN * T::kStride;  // two stages
+  Element* q_tile = reinterpret_cast<Element*>(shared_bytes);
+  Element* d_o_tile = q_tile + T::kBlockM * T::kStride;
+  Element* k_tiles = d_o_tile + T::kBlockM * T::kStride;  // two stages
+  Element* v_tiles = k_tiles + 2 * T::kBlockN * T::kStride;  // two stages
 
   const int row_tile = blockIdx.x % row_tiles;
   const int64_t slice = blockIdx.x / row_tiles;
@@ -383,8 +405,8 @@ __global__ void __launch_bounds__(DqTiles<kHeadDim>::kThreads)
   float dq_acc[T::kDTiles][4] = {};
 
   for (int tile = 0; tile < key_tiles; ++tile) {
-    const __half* k_tile = k_tiles + (tile % 2) * T::kBlockN * T::kStride;
-    const __half* v_tile = v_tiles + (tile % 2) * T::kBlockN * T::kStride;
+    const Element* k_tile = k_tiles + (tile % 2) * T::kBlockN * T::kStride;
+    const Element* v_tile = v_tiles + (tile % 2) * T::kBlockN * T::kStride;
     cp_async_wait<0>();
     __syncthreads();  // this tile has landed, and every warp is done with the other stage
     if (tile == 0) {
@@ -412,10 +434,10 @@ __global__ void __launch_bounds__(DqTiles<kHeadDim>::kThreads)
         uint32_t k_fragment[4], v_fragment[4];
         ldmatrix_x4(k_fragment, k_tile + b_offset);
         ldmatrix_x4(v_fragment, v_tile + b_offset);
-        mma_16x8x16(s_acc[2 * pair], q_fragments[c], k_fragment[0], k_fragment[1]);
-        mma_16x8x16(s_acc[2 * pair + 1], q_fragments[c], k_fragment[2], k_fragment[3]);
-        mma_16x8x16(dp_acc[2 * pair], d_o_fragments[c], v_fragment[0], v_fragment[1]);
-        mma_16x8x16(dp_acc[2 * pair + 1], d_o_fragments[c], v_fragment[2], v_fragment[3]);
+        mma_16x8x16<Element>(s_acc[2 * pair], q_fragments[c], k_fragment[0], k_fragment[1]);
+        mma_16x8x16<Element>(s_acc[2 * pair + 1], q_fragments[c], k_fragment[2], k_fragment[3]);
+        mma_16x8x16<Element>(dp_acc[2 * pair], d_o_fragments[c], v_fragment[0], v_fragment[1]);
+        mma_16x8x16<Element>(dp_acc[2 * pair + 1], d_o_fragments[c], v_fragment[2], v_fragment[3]);
       }
     }
     // dS = P o (dP - D), row `group + 8 (e / 2)`; keys past N meet zero K rows below.
@@ -428,15 +450,15 @@ __global__ void __launch_bounds__(DqTiles<kHeadDim>::kThreads)
     // dQ += dS K: dS packed from the accumulators (the keys as the k dimension), K transposed.
     for (int c = 0; c < T::kKeyChunks; ++c) {
       const uint32_t ds_fragment[4] = {
-          pack_half2(dp_acc[2 * c][0], dp_acc[2 * c][1]), pack_half2(dp_acc[2 * c][2], dp_acc[2 * c][3]),
-          pack_half2(dp_acc[2 * c + 1][0], dp_acc[2 * c + 1][1]),
-          pack_half2(dp_acc[2 * c + 1][2], dp_acc[2 * c + 1][3])};
+          pack_pair<Element>(dp_acc[2 * c][0], dp_acc[2 * c][1]), pack_pair<Element>(dp_acc[2 * c][2], dp_acc[2 * c][3]),
+          pack_pair<Element>(dp_acc[2 * c + 1][0], dp_acc[2 * c + 1][1]),
+          pack_pair<Element>(dp_acc[2 * c + 1][2], dp_acc[2 * c + 1][3])};
       for (int pair = 0; pair < T::kDTiles / 2; ++pair) {
         uint32_t k_fragment[4];
         ldmatrix_x4_trans(k_fragment, k_tile + (c * 16 + lane % 8 + ((lane / 8) % 2) * 8) * T::kStride +
                                           pair * 16 + (lane / 16) * 8);
-        mma_16x8x16(dq_acc[2 * pair], ds_fragment, k_fragment[0], k_fragment[1]);
-        mma_16x8x16(dq_acc[2 * pair + 1], ds_fragment, k_fragment[2], k_fragment[3]);
+        mma_16x8x16<Element>(dq_acc[2 * pair], ds_fragment, k_fragment[0], k_fragment[1]);
+        mma_16x8x16<Element>(dq_acc[2 * pair + 1], ds_fragment, k_fragment[2], k_fragment[3]);
       }
     }
   }
@@ -445,8 +467,8 @@ __global__ void __launch_bounds__(DqTiles<kHeadDim>::kThreads)
     const int row = row0 + warp * 16 + group + 8 * half;
     if (row >= tokens) continue;
     for (int d = 0; d < T::kDTiles; ++d) {
-      *reinterpret_cast<__half2*>(dq + slice_offset + int64_t(row) * kHeadDim + d * 8 + 2 * quad_lane) =
-          __floats2half2_rn(dq_acc[d][2 * half] * scale, dq_acc[d][2 * half + 1] * scale);
+      *reinterpret_cast<uint32_t*>(dq + slice_offset + int64_t(row) * kHeadDim + d * 8 + 2 * quad_lane) =
+          pack_pair<Element>(dq_acc[d][2 * half] * scale, dq_acc[d][2 * half + 1] * scale);
     }
   }
 #endif
@@ -454,11 +476,12 @@ __global__ void __launch_bounds__(DqTiles<kHeadDim>::kThreads)
 
 // ---- 3. dQ = fp16(scale * sum) -------------------------------------------------------------------
 
-__global__ void dq_convert_kernel(const float* __restrict__ dq_sum, __half* __restrict__ dq,
+template <typename Element>
+__global__ void dq_convert_kernel(const float* __restrict__ dq_sum, Element* __restrict__ dq,
                                   int64_t count, float scale) {
   const int64_t i = 2 * (int64_t(blockIdx.x) * blockDim.x + threadIdx.x);
   if (i < count) {  // count is even: D is a multiple of 16
-    *reinterpret_cast<__half2*>(dq + i) = __floats2half2_rn(dq_sum[i] * scale, dq_sum[i + 1] * scale);
+    *reinterpret_cast<uint32_t*>(dq + i) = pack_pair<Element>(dq_sum[i] * scale, dq_sum[i + 1] * scale);
   }
 }
 
@@ -470,9 +493,16 @@ std::size_t workspace_bytes_needed(const attn::Shape& shape) {
          std::size_t(shape.slices() * shape.tokens) * sizeof(float);
 }
 
-template <typename T>
+template <typename Element, typename T>
 void launch_for(const attn::BackwardArgs& args) {
   constexpr int kHeadDim = T::kHeadDim;
+  // The pointers are typed for fp16 (BackwardArgs); with bf16 they hold __nv_bfloat16 data.
+  const auto* q = reinterpret_cast<const Element*>(args.q);
+  const auto* k = reinterpret_cast<const Element*>(args.k);
+  const auto* v = reinterpret_cast<const Element*>(args.v);
+  const auto* o = reinterpret_cast<const Element*>(args.o);
+  const auto* d_o = reinterpret_cast<const Element*>(args.d_o);
+  auto* dq = reinterpret_cast<Element*>(args.dq);
   const int64_t rows = int64_t(args.batch) * args.heads * args.tokens;
   const int64_t elements = rows * kHeadDim;
   float* dq_sum = static_cast<float*>(args.workspace);
@@ -483,35 +513,34 @@ void launch_for(const attn::BackwardArgs& args) {
   }
   constexpr int kRowsPerBlock = 8;  // warps of the D kernel's blocks, one row each
   row_dot_kernel<<<unsigned((rows + kRowsPerBlock - 1) / kRowsPerBlock), 32 * kRowsPerBlock, 0, args.stream>>>(
-      args.o, args.d_o, row_dot, rows, kHeadDim);
+      o, d_o, row_dot, rows, kHeadDim);
   CUDA_CHECK_LAUNCH();
 
-  auto kernel = args.deterministic ? flash_backward_kernel<kHeadDim, T::kWarps, false>
-                                   : flash_backward_kernel<kHeadDim, T::kWarps, true>;
+  auto kernel = args.deterministic ? flash_backward_kernel<Element, kHeadDim, T::kWarps, false>
+                                   : flash_backward_kernel<Element, kHeadDim, T::kWarps, true>;
   CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                   int(T::kSharedBytes)));
   const int key_tiles = (args.tokens + T::kBlockN - 1) / T::kBlockN;
   const int64_t slices = int64_t(args.batch) * args.heads;
   kernel<<<unsigned(int64_t(key_tiles) * slices), T::kThreads, T::kSharedBytes, args.stream>>>(
-      args.q, args.k, args.v, args.d_o, args.log_sum_exp, row_dot, dq_sum, args.dk, args.dv,
-      args.tokens, key_tiles, scale, scale_log2);
+      q, k, v, d_o, args.log_sum_exp, row_dot, dq_sum, reinterpret_cast<Element*>(args.dk),
+      reinterpret_cast<Element*>(args.dv), args.tokens, key_tiles, scale, scale_log2);
   CUDA_CHECK_LAUNCH();
 
   if (args.deterministic) {
     using D = DqTiles<kHeadDim>;
-    CUDA_CHECK(cudaFuncSetAttribute(dq_pass_kernel<kHeadDim>,
+    CUDA_CHECK(cudaFuncSetAttribute(dq_pass_kernel<Element, kHeadDim>,
                                     cudaFuncAttributeMaxDynamicSharedMemorySize, int(D::kSharedBytes)));
     const int row_tiles = (args.tokens + D::kBlockM - 1) / D::kBlockM;
-    dq_pass_kernel<kHeadDim><<<unsigned(int64_t(row_tiles) * slices), D::kThreads, D::kSharedBytes,
-                               args.stream>>>(args.q, args.k, args.v, args.d_o, args.log_sum_exp,
-                                              row_dot, args.dq, args.tokens, row_tiles, scale,
-                                              scale_log2);
+    dq_pass_kernel<Element, kHeadDim><<<unsigned(int64_t(row_tiles) * slices), D::kThreads,
+                                        D::kSharedBytes, args.stream>>>(
+        q, k, v, d_o, args.log_sum_exp, row_dot, dq, args.tokens, row_tiles, scale, scale_log2);
     CUDA_CHECK_LAUNCH();
     return;
   }
   constexpr int kConvertThreads = 256;
   dq_convert_kernel<<<unsigned((elements / 2 + kConvertThreads - 1) / kConvertThreads), kConvertThreads, 0,
-                      args.stream>>>(dq_sum, args.dq, elements, scale);
+                      args.stream>>>(dq_sum, dq, elements, scale);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -536,7 +565,13 @@ void with_tile_shape(int64_t head_dim, Body&& body) {
 }
 
 void launch_flash_backward(const attn::BackwardArgs& args) {
-  with_tile_shape(args.head_dim, [&](auto tiles) { launch_for<decltype(tiles)>(args); });
+  with_tile_shape(args.head_dim, [&](auto tiles) {
+    if (args.dtype == attn::DType::bf16) {
+      launch_for<__nv_bfloat16, decltype(tiles)>(args);
+    } else {
+      launch_for<__half, decltype(tiles)>(args);
+    }
+  });
 }
 
 // Independent of N: K, V, two stages of Q, dO, L and D, and dS (the deterministic dQ pass
@@ -556,4 +591,5 @@ ATTN_REGISTER_STEP(attn::StepInfo{ATTN_STEP_ID,
                                   /*launch=*/nullptr, workspace_bytes_needed,
                                   attn::StepKind::backward, /*takes_strides=*/false,
                                   /*pipeline_report=*/nullptr, /*writes_log_sum_exp=*/false,
-                                  launch_flash_backward, /*forward_step=*/"v6"})
+                                  launch_flash_backward, /*forward_step=*/"v6",
+                                  {attn::DType::fp16, attn::DType::bf16}})

@@ -115,6 +115,18 @@ int main(void) {
     call.scale = -1.0;
     expect_answer(attn_launch("v0", &call, message, sizeof message), ATTN_REFUSED, message,
                   "scale", "a negative scale is refused");
+    call.scale = 0.0;
+    call.dtype = 7;
+    expect_answer(attn_launch("v0", &call, message, sizeof message), ATTN_REFUSED, message,
+                  "dtype 7", "an unknown dtype is refused");
+    call.dtype = ATTN_DTYPE_BF16;
+    expect_answer(attn_launch("v0", &call, message, sizeof message), ATTN_REFUSED, message,
+                  "does not serve --dtype bf16", "a step that takes fp16 only refuses bf16");
+  }
+  for (i = 0; i < count; ++i) { /* step 6 says it takes bf16; v0 says it does not */
+    if (attn_step_get(i, &info) != ATTN_OK) continue;
+    if (strcmp(info.id, "v6") == 0) expect(info.takes_bf16 == 1, "v6 takes bf16 (takes_bf16)", NULL);
+    if (strcmp(info.id, "v0") == 0) expect(info.takes_bf16 == 0, "v0 takes fp16 only", NULL);
   }
   {
     const attn_strides packed = {197 * 3 * 12 * 64, 64, 3 * 12 * 64};
