@@ -16,6 +16,8 @@ FLOPs of a backward are counted as FlashAttention counts them: 2.5 times the for
 fp32 on the same inputs (relative Frobenius error of each).
 
     python3 scripts/compare_backward.py --csv docs/results/h100/backward.csv
+    python3 scripts/compare_backward.py --dtype bf16 --csv backward_bf16.csv   # no eager row:
+                                                               # eager_backward takes fp16 only
 """
 import argparse
 import csv
@@ -26,6 +28,7 @@ SHAPES = [(32, 12, 197, 64), (32, 12, 577, 64), (32, 12, 1025, 64), (8, 12, 4097
           (8, 16, 4097, 128)]
 FIELDS = ["batch", "heads", "tokens", "head_dim", "implementation", "median_us", "low_us",
           "high_us", "windows", "tflops", "vs_flash", "vs_cudnn", "note"]
+# A bf16 run's CSV has one more column, dtype, last: the fp16 file keeps its columns.
 
 
 def main(argv=None):
@@ -33,6 +36,7 @@ def main(argv=None):
     parser.add_argument("--csv", required=True)
     parser.add_argument("--windows", type=int, default=7)
     parser.add_argument("--calls", type=int, default=10, help="calls per window")
+    parser.add_argument("--dtype", choices=("fp16", "bf16"), default="fp16")
     parser.add_argument("--shapes", default="",
                         help="B,H,N,D;... (default: the five of chapter 12)")
     args = parser.parse_args(argv)
@@ -48,16 +52,17 @@ def main(argv=None):
         print("torch sees no CUDA device: nothing measured", file=sys.stderr)
         return 77
     attention = torch_op.load()
+    dtype = torch.bfloat16 if args.dtype == "bf16" else torch.half
     backward = torch.ops.attention_steps.attention_backward
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, cuDNN "
           f"{torch.backends.cudnn.version()}", flush=True)
     out = open(args.csv, "w", newline="")
-    writer = csv.DictWriter(out, fieldnames=FIELDS)
+    writer = csv.DictWriter(out, fieldnames=FIELDS + (["dtype"] if args.dtype == "bf16" else []))
     writer.writeheader()
     for shape in shapes:
         batch, heads, tokens, head_dim = shape
         torch.manual_seed(0)
-        q, k, v, d_o = (torch.randn(shape, device="cuda", dtype=torch.half) for _ in range(4))
+        q, k, v, d_o = (torch.randn(shape, device="cuda", dtype=dtype) for _ in range(4))
         o, lse = attention(q, k, v, "v6", None, None, True)
 
         def v9():
@@ -76,14 +81,15 @@ def main(argv=None):
                 return torch.autograd.grad(result, leaves, d_o, retain_graph=True)
             return run
 
-        calls = {"v9": v9, "eager": eager, "flash": sdpa_backward(SDPBackend.FLASH_ATTENTION),
+        calls = {"v9": v9, **({"eager": eager} if args.dtype == "fp16" else {}),
+                 "flash": sdpa_backward(SDPBackend.FLASH_ATTENTION),
                  "cudnn": sdpa_backward(SDPBackend.CUDNN_ATTENTION)}
         # The check: the library's two against SDPA's math backend in fp32.
         exact = [t.detach().float().requires_grad_() for t in (q, k, v)]
         with sdpa_kernel(SDPBackend.MATH):
             want = torch.autograd.grad(F.scaled_dot_product_attention(*exact), exact, d_o.float())
-        errors = {name: [((g.float() - w).norm() / w.norm()).item() for g, w in zip(call(), want)]
-                  for name, call in (("v9", v9), ("eager", eager))}
+        errors = {name: [((g.float() - w).norm() / w.norm()).item() for g, w in zip(calls[name](), want)]
+                  for name in ("v9", "eager") if name in calls}
         windows = {name: [] for name in calls}
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         for window in range(args.windows + 1):  # the first round warms and is not kept
@@ -106,6 +112,8 @@ def main(argv=None):
                    "vs_cudnn": f"{medians[name] / medians['cudnn']:.3f}",
                    "note": ("dQ, dK, dV relative error vs fp32 math: " +
                             ", ".join(f"{e:.2e}" for e in errors[name])) if name in errors else ""}
+            if args.dtype == "bf16":
+                row["dtype"] = "bf16"
             writer.writerow(row)
             out.flush()
             print(", ".join(f"{key}={value}" for key, value in row.items() if value != ""),

@@ -6,9 +6,10 @@
 
 scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
 scale=None, enable_gqa=False) takes PyTorch's arguments and returns what PyTorch's returns. It
-runs the fastest step that serves the call on the tensors' GPU (v8 on an H100, v6 elsewhere:
-chapters 07 and 10) and hands every other call to PyTorch's own function: masks, causal
-attention, dropout, grouped-query attention, dtypes other than float16, CPU tensors, head dims
+runs the fastest step that serves the call on the tensors' GPU and dtype (in float16, v8 on an
+H100 and v6 elsewhere: chapters 07 and 10; in bfloat16, v6, the one that takes it) and hands
+every other call to PyTorch's own function: masks, causal attention, dropout, grouped-query
+attention, dtypes other than float16 and bfloat16, CPU tensors, head dims
 or token counts no step serves, keys of another length than the queries, and calls that need a
 gradient at a head dim no backward step serves (v9 serves 64 and 128: autograd runs it).
 use_steps(verbose=True) says once per reason when that happens; never while torch.compile
@@ -30,34 +31,44 @@ PREFERENCE = ("v8", "v7", "v6")
 
 _pytorch_sdpa = F.scaled_dot_product_attention  # PyTorch's own, whatever use_steps does later
 _attention_op = torch_op.load_if_built()  # None: not built, and no call is served by a step
-_plans = {}          # device index -> {head_dim: (step, largest N or None for any)}
-_backward_dims = {}  # device index -> head dims a backward step serves there
+_DTYPES = (torch.float16, torch.bfloat16)
+_plans = {}          # device index -> {dtype: {head_dim: (step, largest N or None for any)}}
+_backward_dims = {}  # device index -> {dtype: head dims a backward step serves there}
 _said = set()        # the fallback reasons already printed
 _settings = {"verbose": False}
 
 
-def plan_for(device_index):
-    """{head_dim: (step, max_tokens)} for the GPU `device_index`: the first step of PREFERENCE
-    that runs there at each head dim, with the largest N it serves (None: any)."""
+def _takes(info, dtype):
+    return dtype == torch.float16 or (dtype == torch.bfloat16 and info.takes_bf16)
+
+
+def plan_for(device_index, dtype=torch.float16):
+    """{head_dim: (step, max_tokens)} for the GPU `device_index` and `dtype`: the first step of
+    PREFERENCE that runs there and takes the dtype at each head dim, with the largest N it serves
+    (None: any)."""
     if device_index not in _plans:
         library = load_library()
-        plan = {}
+        steps = library.steps()
+        plans, backward_dims = {}, {}
         with torch.cuda.device(device_index):
-            for step in PREFERENCE:
-                info = next((s for s in library.steps() if s.id == step), None)
-                if info is None:
-                    continue
-                for head_dim in info.head_dims:
-                    if head_dim in plan or library.refusal(step, (1, 1, 1, head_dim)):
+            for each in _DTYPES:
+                plan = {}
+                for step in PREFERENCE:
+                    info = next((s for s in steps if s.id == step), None)
+                    if info is None or not _takes(info, each):
                         continue
-                    plan[head_dim] = (step, library.max_tokens(step, head_dim))
-        _plans[device_index] = plan
-        with torch.cuda.device(device_index):
-            _backward_dims[device_index] = {
-                head_dim for info in library.steps() if info.is_backward and not info.is_baseline
-                for head_dim in info.head_dims
-                if library.refusal(info.id, (1, 1, 1, head_dim)) is None}
-    return _plans[device_index]
+                    for head_dim in info.head_dims:
+                        if head_dim in plan or library.refusal(step, (1, 1, 1, head_dim)):
+                            continue
+                        plan[head_dim] = (step, library.max_tokens(step, head_dim))
+                plans[each] = plan
+                backward_dims[each] = {
+                    head_dim for info in steps
+                    if info.is_backward and not info.is_baseline and _takes(info, each)
+                    for head_dim in info.head_dims
+                    if library.refusal(info.id, (1, 1, 1, head_dim)) is None}
+        _plans[device_index], _backward_dims[device_index] = plans, backward_dims
+    return _plans[device_index][dtype]
 
 
 def _why_not(query, key, value, attn_mask, dropout_p, is_causal):
@@ -73,8 +84,8 @@ def _why_not(query, key, value, attn_mask, dropout_p, is_causal):
         return None, "causal attention"
     if dropout_p != 0.0:
         return None, "attention dropout"
-    if any(t.dtype != torch.float16 for t in tensors):
-        return None, f"dtype {query.dtype} (the steps take float16)"
+    if query.dtype not in _DTYPES or any(t.dtype != query.dtype for t in tensors):
+        return None, f"dtype {query.dtype} (the steps take float16 and bfloat16)"
     if any(t.device.type != "cuda" for t in tensors) or not (
             query.device == key.device == value.device):
         return None, "tensors not all on one CUDA device"
@@ -85,10 +96,11 @@ def _why_not(query, key, value, attn_mask, dropout_p, is_causal):
     device_index = query.device.index
     if device_index not in _plans and torch.compiler.is_compiling():
         return None, "a GPU first seen while torch.compile traced (call plan_for(device) first)"
-    served = plan_for(device_index).get(query.shape[-1])
+    served = plan_for(device_index, query.dtype).get(query.shape[-1])
     if served is None:
-        return None, f"head dim {query.shape[-1]}"
-    if torch_op.needs_grad(tensors) and query.shape[-1] not in _backward_dims[device_index]:
+        return None, f"head dim {query.shape[-1]} in {query.dtype}"
+    if (torch_op.needs_grad(tensors)
+            and query.shape[-1] not in _backward_dims[device_index][query.dtype]):
         return None, f"a gradient at head dim {query.shape[-1]} (no backward step serves it)"
     step, max_tokens = served
     if max_tokens is not None and query.shape[-2] > max_tokens:

@@ -14,6 +14,8 @@
     PyTorch's, said once when asked;
   - autograd: the forward steps that write L, then v9, against SDPA's math backend in fp64,
     and a compiled training step without a graph break;
+  - bf16: the steps that take it (v6 forward, v9 backward) with bf16's tolerances, and a model
+    trained under torch.autocast(bfloat16) through the SDPA entry point;
   - the clear errors: a backward no step serves, cross-attention, a key-padding mask, a dtype.
 
 Needs the operator built (pip install --no-build-isolation ./python) and a CUDA device; exit 77
@@ -45,6 +47,7 @@ except ImportError as error:
     sys.exit(77)
 
 UNIT_ROUNDOFF = 2.0 ** -11  # common/check.hpp: fp16; both tolerances are 4u, L's too
+BF16_UNIT_ROUNDOFF = 2.0 ** -8  # the same tolerances in bf16 (common/check.hpp), L's excepted
 
 
 def served_steps(head_dim=None):
@@ -71,13 +74,19 @@ def packed_qkv(batch, heads, tokens, head_dim):
     return qkv.permute(2, 0, 3, 1, 4).unbind(0)
 
 
+def unit_roundoff(dtype):
+    return BF16_UNIT_ROUNDOFF if dtype == torch.bfloat16 else UNIT_ROUNDOFF
+
+
 class Checks(unittest.TestCase):
     def assert_close_to_sdpa(self, q, k, v, out, scale=None):
         reference = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), scale=scale)
         error = out.float() - reference
+        u = unit_roundoff(q.dtype)
+        self.assertEqual(out.dtype, q.dtype)
         self.assertTrue(torch.isfinite(out).all())
-        self.assertLessEqual((error.norm() / reference.norm()).item(), 4 * UNIT_ROUNDOFF)
-        self.assertLessEqual(error.abs().max().item(), 4 * UNIT_ROUNDOFF * v.abs().max().item())
+        self.assertLessEqual((error.norm() / reference.norm()).item(), 4 * u)
+        self.assertLessEqual(error.abs().max().item(), 4 * u * v.abs().max().item())
 
     def assert_log_sum_exp(self, q, k, rows, scale=None):
         scale = q.shape[-1] ** -0.5 if scale is None else scale
@@ -112,6 +121,20 @@ class EveryStep(Checks):
                         self.assertEqual(out.stride(), expected)
                         ran += 1
         self.assertGreater(ran, 0)
+
+    def test_bf16_where_a_step_takes_it(self):
+        torch.manual_seed(3)
+        takers = [(s, d) for s, d in served_steps() if steps.load_library().step(s).takes_bf16]
+        if not takers:
+            self.skipTest("no step that takes bf16 runs here")
+        for step, head_dim in takers:
+            for tokens in (1, 65, 130):
+                with self.subTest(step=step, head_dim=head_dim, tokens=tokens):
+                    q, k, v = (torch.randn(2, 3, tokens, head_dim, device="cuda",
+                                           dtype=torch.bfloat16) for _ in range(3))
+                    out, rows = attention_op(q, k, v, step, None, None, True)
+                    self.assert_close_to_sdpa(q, k, v, out)
+                    self.assert_log_sum_exp(q, k, rows)
 
     def test_log_sum_exp_and_scale(self):
         torch.manual_seed(2)
@@ -270,6 +293,29 @@ class SdpaEntryPoint(Checks):
         for a, b in zip(swapped, stock):
             self.assertLessEqual(((a.float() - b.float()).norm() / b.float().norm()).item(), 1e-2)
 
+    def test_bf16_autocast_training_runs_the_steps(self):
+        # A float32 model under torch.autocast(bfloat16), as bf16 training runs: the projections
+        # hand SDPA bf16 tensors, which v6 (forward) and v9 (backward) take.
+        model = TinyVit().cuda()
+        x = torch.randn(2, 197, 256, device="cuda", requires_grad=True)
+        weights = torch.randn(x.shape, device="cuda")
+
+        def gradients():
+            x.grad = None
+            model.zero_grad()
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                (model(x).float() * weights).sum().backward()
+            return [x.grad.clone()] + [p.grad.clone() for p in model.parameters()]
+
+        stock = gradients()
+        steps.use_steps()
+        self.model = model
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            self.assertTrue(self.ran_steps(x))
+        swapped = gradients()
+        for a, b in zip(swapped, stock):
+            self.assertLessEqual(((a - b).norm() / b.norm()).item(), 5e-2)
+
     def test_compiled_model_calls_the_operator(self):
         steps.use_steps()
         torch._dynamo.reset()
@@ -285,14 +331,15 @@ class Gradients(unittest.TestCase):
     fp64, with the tolerances of common/check.hpp for gradients (8u relative Frobenius; 8u times
     the largest reference value, at least dV's, on any element)."""
 
-    def assert_gradients(self, step, shape, packed=False, scale=None):
+    def assert_gradients(self, step, shape, packed=False, scale=None, dtype=torch.half):
         torch.manual_seed(6)
         if packed:
             tensors = [t.detach().clone().requires_grad_() for t in packed_qkv(*shape)]
         else:
-            tensors = [torch.randn(shape, device="cuda", dtype=torch.half, requires_grad=True)
+            tensors = [torch.randn(shape, device="cuda", dtype=dtype, requires_grad=True)
                        for _ in range(3)]
-        d_o = torch.randn(shape, device="cuda", dtype=torch.half)
+        d_o = torch.randn(shape, device="cuda", dtype=dtype)
+        u = unit_roundoff(dtype)
         out = steps.attention(*tensors, step=step, scale=scale)
         got = torch.autograd.grad(out, tensors, d_o)
         exact = [t.detach().double().requires_grad_() for t in tensors]
@@ -306,9 +353,10 @@ class Gradients(unittest.TestCase):
                 self.assertTrue(torch.isfinite(g).all())
                 # dQ and dK vanish at N = 1: the error is then measured as it is (check.cpp).
                 relative = error.norm() / w.norm() if w.norm() > 0 else error.norm()
-                self.assertLessEqual(relative.item(), 8 * UNIT_ROUNDOFF)
+                self.assertEqual(g.dtype, dtype)
+                self.assertLessEqual(relative.item(), 8 * u)
                 self.assertLessEqual(error.abs().max().item(),
-                                     8 * UNIT_ROUNDOFF * max(floor, w.abs().max().item()))
+                                     8 * u * max(floor, w.abs().max().item()))
 
     def test_every_forward_step_that_writes_l_then_v9(self):
         for step, head_dim in served_steps():
@@ -319,6 +367,14 @@ class Gradients(unittest.TestCase):
                     self.assert_gradients(step, (2, 3, tokens, head_dim))
         with self.subTest("packed views, another scale"):
             self.assert_gradients(fastest(64), (2, 3, 130, 64), packed=True, scale=0.3)
+
+    def test_bf16_through_v6_then_v9(self):
+        if ("v6", 64) not in served_steps(64):
+            self.skipTest("v6 does not run here")
+        for head_dim in (64, 128):
+            for tokens in (1, 65, 197):
+                with self.subTest(head_dim=head_dim, tokens=tokens):
+                    self.assert_gradients("v6", (2, 3, tokens, head_dim), dtype=torch.bfloat16)
 
     def test_deterministic_algorithms_give_the_same_bits(self):
         q, k, v = (torch.randn(2, 3, 197, 64, device="cuda", dtype=torch.half, requires_grad=True)
@@ -374,13 +430,17 @@ class ClearErrors(unittest.TestCase):
     def test_tensor_checks(self):
         q = torch.randn(1, 2, 65, 64, device="cuda", dtype=torch.half)
         for tensor, error, pattern in (
-                (q.bfloat16(), TypeError, "BFloat16.*float16"),
+                (q.float(), TypeError, "Float.*float16 and"),
                 (q.cpu(), ValueError, "on cpu; the steps run on CUDA tensors"),
                 (q[0], ValueError, r"4 dimensions \[B, H, N, D\]")):
             with self.subTest(pattern=pattern), self.assertRaisesRegex(error, pattern):
                 attention_op(tensor, tensor, tensor, "v6")
         with self.assertRaisesRegex(ValueError, "unknown step 'v99'"):
             attention_op(q, q, q, "v99")
+        with self.assertRaisesRegex(TypeError, "give them one dtype"):
+            attention_op(q, q.bfloat16(), q, "v6")
+        with self.assertRaisesRegex(ValueError, "does not serve --dtype bf16"):
+            attention_op(q.bfloat16(), q.bfloat16(), q.bfloat16(), "v0")
         with self.assertRaisesRegex(ValueError, "does not write L"):
             attention_op(q, q, q, "v0", None, None, True)
 

@@ -106,8 +106,11 @@ std::string shape_text(const at::Tensor& tensor) {
 void check_tensor(const char* name, const at::Tensor& tensor, const at::Tensor& q) {
   TORCH_CHECK_VALUE(tensor.dim() == 4, "attention_steps: ", name,
                     " must have 4 dimensions [B, H, N, D]; it has shape ", shape_text(tensor));
-  TORCH_CHECK_TYPE(tensor.scalar_type() == at::kHalf, "attention_steps: ", name, " is ",
-                   tensor.scalar_type(), "; the steps take torch.float16 only (call .half())");
+  TORCH_CHECK_TYPE(tensor.scalar_type() == at::kHalf || tensor.scalar_type() == at::kBFloat16,
+                   "attention_steps: ", name, " is ", tensor.scalar_type(),
+                   "; the steps take torch.float16 and (some of them) torch.bfloat16");
+  TORCH_CHECK_TYPE(tensor.scalar_type() == q.scalar_type(), "attention_steps: ", name, " is ",
+                   tensor.scalar_type(), " and q is ", q.scalar_type(), "; give them one dtype");
   TORCH_CHECK_VALUE(tensor.is_cuda(), "attention_steps: ", name, " is on ", tensor.device(),
                     "; the steps run on CUDA tensors");
   TORCH_CHECK_VALUE(tensor.device() == q.device(), "attention_steps: q, k and v must be on one "
@@ -149,6 +152,11 @@ at::Tensor workspace_for(const std::string& id, const at::Tensor& q, Call& call)
   call.workspace = workspace.data_ptr();
   call.workspace_bytes = bytes;
   return workspace;
+}
+
+// The C ABI's name for the tensors' element type (check_tensor allowed only these two).
+int dtype_of(const at::Tensor& tensor) {
+  return tensor.scalar_type() == at::kBFloat16 ? ATTN_DTYPE_BF16 : ATTN_DTYPE_FP16;
 }
 
 // A refusal as ValueError, any other failure as RuntimeError, with the library's line.
@@ -218,6 +226,7 @@ std::tuple<at::Tensor, at::Tensor> attention_kernel(const at::Tensor& q, const a
   call.scale = scale.value_or(0.0);
   call.stream = at::cuda::getCurrentCUDAStream(q.get_device()).stream();
   call.pointers_checked_by_caller = 1;  // torch tensors of this device, torch's stream
+  call.dtype = dtype_of(q);
   const at::Tensor workspace = facts.uses_workspace ? workspace_for(id, q, call) : at::Tensor();
   char message[1024];
   check_status(attn_launch(id.c_str(), &call, message, sizeof message), message);
@@ -264,6 +273,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_kernel(
   call.stream = at::cuda::getCurrentCUDAStream(q.get_device()).stream();
   call.pointers_checked_by_caller = 1;
   call.deterministic = deterministic ? 1 : 0;
+  call.dtype = dtype_of(q);
   const at::Tensor workspace = workspace_for(id, q, call);
   char message[1024];
   check_status(attn_launch_backward(id.c_str(), &call, message, sizeof message), message);
