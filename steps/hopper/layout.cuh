@@ -31,7 +31,7 @@ namespace hopper {
 // The values are the descriptor's swizzle field (bits 62-63).
 enum class Swizzle : uint32_t { bytes128 = 1, bytes64 = 2, bytes32 = 3 };
 
-// Bytes in one swizzled row (the width of a column block), and the fp16 columns that holds.
+// Bytes in one swizzled row (the width of a column block), and the 16-bit columns that holds.
 __host__ __device__ constexpr int row_bytes(Swizzle swizzle) {
   return swizzle == Swizzle::bytes128 ? 128 : swizzle == Swizzle::bytes64 ? 64 : 32;
 }
@@ -73,7 +73,7 @@ __device__ __forceinline__ uint64_t matrix_descriptor(const void* tile, uint32_t
 template <int kTileRows, Swizzle kSwizzle = Swizzle::bytes128>
 class KMajorOperand {
  public:
-  __device__ explicit KMajorOperand(const __half* rows)
+  __device__ explicit KMajorOperand(const void* rows)
       : base_(matrix_descriptor<kSwizzle>(rows, 0, 8 * row_bytes(kSwizzle))) {}
   __device__ uint64_t k_step(int step) const {
     constexpr uint32_t kStepsPerRow = row_columns(kSwizzle) / 16;
@@ -92,7 +92,7 @@ class KMajorOperand {
 template <int kTileRows, Swizzle kSwizzle = Swizzle::bytes128>
 class MNMajorOperand {
  public:
-  __device__ explicit MNMajorOperand(const __half* tile)
+  __device__ explicit MNMajorOperand(const void* tile)
       : base_(matrix_descriptor<kSwizzle>(tile, kTileRows * row_bytes(kSwizzle),
                                           8 * row_bytes(kSwizzle))) {}
   __device__ uint64_t k_step(int step) const {
@@ -117,9 +117,9 @@ AttentionMaps attention_maps(const attn::AttentionArgs& args, int q_rows, int kv
       attn::actual_strides(args.qkv_strides, args.heads, args.tokens, args.head_dim);
   const attn::TensorStrides o =
       attn::actual_strides(args.o_strides, args.heads, args.tokens, args.head_dim);
-  auto map = [&](const __half* tensor, attn::TensorStrides strides, int box_rows) {
-    return tensor_map(tensor, args.batch, args.heads, args.tokens, args.head_dim, strides,
-                      box_rows, row_columns(kSwizzle), tensor_map_swizzle(kSwizzle));
+  auto map = [&](const void* tensor, attn::TensorStrides strides, int box_rows) {
+    return tensor_map(tensor, args.dtype, args.batch, args.heads, args.tokens, args.head_dim,
+                      strides, box_rows, row_columns(kSwizzle), tensor_map_swizzle(kSwizzle));
   };
   return {map(args.q, qkv, q_rows), map(args.k, qkv, kv_rows), map(args.v, qkv, kv_rows),
           map(args.o, o, o_rows)};

@@ -22,9 +22,12 @@
 //     the current one, and O leaves through a staging buffer and an asynchronous TMA store (L,
 //     when asked for, with plain stores, as in v6 and v7).
 //
-// Serves head dims 64 and 128; tile sizes per head dim chosen by measurement (chapter 10). The
-// rings, wgmma groups and staging buffer are the pieces of steps/hopper/pipeline.cuh, which the
-// checked build (cmake -DATTN_CHECKED_PIPELINE=ON) turns into a checker of the protocol.
+// Serves head dims 64 and 128, in fp16 or bf16 (the kernel is a template on the element type,
+// which the tensor maps and the wgmma instructions name; chapter 12). Tile sizes per head dim are
+// chosen by measurement (chapter 10). The rings, wgmma groups and staging buffer are the pieces
+// of steps/hopper/pipeline.cuh, which the checked build (cmake -DATTN_CHECKED_PIPELINE=ON) turns
+// into a checker of the protocol.
+#include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include <cmath>
@@ -61,8 +64,9 @@ struct Tiles {
   // (128 * 24 + 256 * 240 = 64,512 of the SM's 65,536).
   static constexpr int kProducerRegisters = 24;
   static constexpr int kConsumerRegisters = 240;
-  static constexpr uint32_t kQBytes = kBlockM * kHeadDim * sizeof(__half);
-  static constexpr uint32_t kKVBytes = kBlockN * kHeadDim * sizeof(__half);
+  static constexpr uint32_t kElementBytes = 2;  // fp16 or bf16
+  static constexpr uint32_t kQBytes = kBlockM * kHeadDim * kElementBytes;
+  static constexpr uint32_t kKVBytes = kBlockN * kHeadDim * kElementBytes;
   static_assert(kHeadDim % kSwizzleColumns == 0, "whole 64-column swizzle blocks");
   static_assert(hopper::has_wgmma_ss(kBlockN), "a key tile that ptx.cuh has a wgmma_ss for");
   static_assert(kQBytes % 1024 == 0 && kKVBytes % 1024 == 0, "tiles keep 1024-byte alignment");
@@ -70,13 +74,14 @@ struct Tiles {
 
 // Shared memory: the Q buffers, the O staging tile, the K stages and the V stages (each a
 // multiple of 1024 bytes, so every tile keeps the swizzle's 1024-byte alignment), then a full
-// and an empty barrier per Q buffer, per K stage and per V stage.
-template <typename T>
+// and an empty barrier per Q buffer, per K stage and per V stage. Element: __half or
+// __nv_bfloat16, the same size, so the bytes below are the same for both.
+template <typename T, typename Element = __half>
 struct SharedStorage {
-  __half q[T::kQBuffers][T::kBlockM * T::kHeadDim];  // [column block][kBlockM][64] each
-  __half o[T::kBlockM * T::kHeadDim];
-  __half k[T::kStages][T::kBlockN * T::kHeadDim];    // [column block][kBlockN][64] each
-  __half v[T::kStages][T::kBlockN * T::kHeadDim];
+  Element q[T::kQBuffers][T::kBlockM * T::kHeadDim];  // [column block][kBlockM][64] each
+  Element o[T::kBlockM * T::kHeadDim];
+  Element k[T::kStages][T::kBlockN * T::kHeadDim];    // [column block][kBlockN][64] each
+  Element v[T::kStages][T::kBlockN * T::kHeadDim];
   uint64_t q_full[T::kQBuffers], q_empty[T::kQBuffers];
   uint64_t k_full[T::kStages], k_empty[T::kStages];
   uint64_t v_full[T::kStages], v_empty[T::kStages];
@@ -115,7 +120,8 @@ __device__ __forceinline__ WorkTile work_tile(int index, int row_tiles, int head
 // A thread of consumer c holds two rows of c's 64 (ptx.cuh gives the accumulator layout):
 // row lane/4 of its warp's 16 ("half" 0) and that row + 8 (half 1), a quarter of their columns.
 // kWritesLse: the epilogue also writes each row's L to row_lse (a kernel of its own, as in v6).
-template <typename T, bool kWritesLse>
+// Element: __half or __nv_bfloat16, the type the tensor maps and the wgmma instructions name.
+template <typename T, bool kWritesLse, typename Element>
 __global__ void __launch_bounds__(T::kThreads, 1)
     warp_specialized_attention_kernel(const __grid_constant__ CUtensorMap q_map,
                                       const __grid_constant__ CUtensorMap k_map,
@@ -126,7 +132,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   constexpr int kHeadDim = T::kHeadDim, kBlockN = T::kBlockN, kStages = T::kStages;
   constexpr int kSwizzleColumns = T::kSwizzleColumns;
   extern __shared__ unsigned char shared_raw[];
-  SharedStorage<T>& smem = *reinterpret_cast<SharedStorage<T>*>(
+  SharedStorage<T, Element>& smem = *reinterpret_cast<SharedStorage<T, Element>*>(
       shared_raw + (1024 - hopper::shared_address(shared_raw) % 1024) % 1024);
   hopper::Ring<T::kQBuffers> q_ring(Buffer::q, smem.q_full, smem.q_empty);
   hopper::Ring<kStages> k_ring(Buffer::k, smem.k_full, smem.k_empty);
@@ -155,7 +161,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     hopper::release_registers<T::kProducerRegisters>();
     if (warp != 0 || lane != 0) return;
     // Rows [kv_tile * kBlockN, ...) of K or V into the buffer of this use of the ring.
-    auto load = [&](hopper::Ring<kStages>& ring, __half (*tiles)[kBlockN * kHeadDim],
+    auto load = [&](hopper::Ring<kStages>& ring, Element (*tiles)[kBlockN * kHeadDim],
                     const CUtensorMap* map, int use, int kv_tile, const WorkTile& tile) {
       ring.wait_empty(use);
       uint64_t* full = ring.arm(use, T::kKVBytes);
@@ -239,7 +245,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       const hopper::KMajorOperand<kBlockN> k(smem.k[k_ring.read(use, groups)]);
       hopper::wgmma_fence();
       for (int step = 0; step < T::kDSteps; ++step) {
-        hopper::wgmma_ss(s_acc, q.k_step(step), k.k_step(step), step > 0);
+        hopper::wgmma_ss<Element>(s_acc, q.k_step(step), k.k_step(step), step > 0);
       }
       groups.commit();
     };
@@ -251,7 +257,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       hopper::fence_registers(o_acc);
       hopper::wgmma_fence();
       for (int step = 0; step < T::kKeySteps; ++step) {
-        hopper::wgmma_rs(o_acc, p_fragments[step], v.k_step(step), true);
+        hopper::wgmma_rs<Element>(o_acc, p_fragments[step], v.k_step(step), true);
       }
       groups.commit();
     };
@@ -291,13 +297,13 @@ __global__ void __launch_bounds__(T::kThreads, 1)
                         pairwise(sums, [](float a, float b) { return a + b; });
       }
     };
-    // P in fp16, laid out as wgmma's A operand (two 8-key accumulator blocks per 16-key step).
+    // P in fp16 (or bf16), laid out as wgmma's A operand (two 8-key accumulator blocks per 16-key step).
     auto pack_probabilities = [&]() {
       for (int step = 0; step < T::kKeySteps; ++step) {
-        p_fragments[step][0] = hopper::pack_half2(s_acc[8 * step + 0], s_acc[8 * step + 1]);
-        p_fragments[step][1] = hopper::pack_half2(s_acc[8 * step + 2], s_acc[8 * step + 3]);
-        p_fragments[step][2] = hopper::pack_half2(s_acc[8 * step + 4], s_acc[8 * step + 5]);
-        p_fragments[step][3] = hopper::pack_half2(s_acc[8 * step + 6], s_acc[8 * step + 7]);
+        p_fragments[step][0] = hopper::pack_pair<Element>(s_acc[8 * step + 0], s_acc[8 * step + 1]);
+        p_fragments[step][1] = hopper::pack_pair<Element>(s_acc[8 * step + 2], s_acc[8 * step + 3]);
+        p_fragments[step][2] = hopper::pack_pair<Element>(s_acc[8 * step + 4], s_acc[8 * step + 5]);
+        p_fragments[step][3] = hopper::pack_pair<Element>(s_acc[8 * step + 6], s_acc[8 * step + 7]);
       }
     };
 
@@ -377,9 +383,9 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     for (int d = 0; d < kHeadDim / 8; ++d) {
       for (int half = 0; half < 2; ++half) {
         const int row = consumer * 64 + warp * 16 + lane / 4 + 8 * half;
-        *reinterpret_cast<__half2*>(o_bytes + hopper::swizzled_offset<T::kSwizzle>(row, 8 * d + 2 * quad_lane, T::kBlockM)) =
-            __floats2half2_rn(o_acc[4 * d + 2 * half] * inverse[half],
-                              o_acc[4 * d + 2 * half + 1] * inverse[half]);
+        *reinterpret_cast<uint32_t*>(o_bytes + hopper::swizzled_offset<T::kSwizzle>(row, 8 * d + 2 * quad_lane, T::kBlockM)) =
+            hopper::pack_pair<Element>(o_acc[4 * d + 2 * half] * inverse[half],
+                                       o_acc[4 * d + 2 * half + 1] * inverse[half]);
       }
     }
     hopper::fence_async_shared();  // these ordinary stores are read next by the copy engine
@@ -398,14 +404,14 @@ __global__ void __launch_bounds__(T::kThreads, 1)
 
 // ---- Launch ---------------------------------------------------------------------------------
 
-template <typename T>
+template <typename Element, typename T>
 void launch_for(const attn::AttentionArgs& args) {
   const int64_t slices = int64_t(args.batch) * args.heads;
   // Q in work tiles of rows, K and V in tiles of keys, O in a consumer's 64 rows (views too).
   const hopper::AttentionMaps maps =
       hopper::attention_maps<T::kSwizzle>(args, T::kBlockM, T::kBlockN, 64);
-  auto kernel = args.log_sum_exp != nullptr ? warp_specialized_attention_kernel<T, true>
-                                             : warp_specialized_attention_kernel<T, false>;
+  auto kernel = args.log_sum_exp != nullptr ? warp_specialized_attention_kernel<T, true, Element>
+                                             : warp_specialized_attention_kernel<T, false, Element>;
   CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                   int(kSharedBytes<T>)));
   int device = 0, sm_count = 0;
@@ -447,7 +453,13 @@ void with_tile_shape(int64_t head_dim, Body&& body) {
 }
 
 void launch_warp_specialized(const attn::AttentionArgs& args) {
-  with_tile_shape(args.head_dim, [&](auto tiles) { launch_for<decltype(tiles)>(args); });
+  with_tile_shape(args.head_dim, [&](auto tiles) {
+    if (args.dtype == attn::DType::bf16) {
+      launch_for<__nv_bfloat16, decltype(tiles)>(args);
+    } else {
+      launch_for<__half, decltype(tiles)>(args);
+    }
+  });
 }
 
 // Independent of N: two Q buffers, the O staging tile, the K and V stages.
@@ -463,4 +475,6 @@ ATTN_REGISTER_STEP(attn::StepInfo{ATTN_STEP_ID,
                                   "warp specialized: TMA producer, 2 wgmma consumers, overlap",
                                   {64, 128}, 90, 90, shared_bytes_needed, launch_warp_specialized,
                                   nullptr, attn::StepKind::step, /*takes_strides=*/true,
-                                  hopper::kPipelineReport, /*writes_log_sum_exp=*/true})
+                                  hopper::kPipelineReport, /*writes_log_sum_exp=*/true,
+                                  /*launch_backward=*/nullptr, /*forward_step=*/"",
+                                  {attn::DType::fp16, attn::DType::bf16}})
