@@ -19,6 +19,9 @@ vit     One training step of torchvision's vit_b_16 (forward, backward, AdamW) i
         windows) and peak memory, stock and with the steps.
 
     python3 scripts/train_digits.py --out-dir OUT [--parts digits,vit] [--steps 2000]
+--dtype bf16 trains the digits in bf16 autocast instead (no gradient scaler: bf16 has fp32's
+range), writing OUT/training_digits_bf16.csv and .txt.
+
 Writes OUT/training_digits.csv (the three loss curves), OUT/training_digits.txt (the verdict,
 the accuracies) and OUT/training_vit_b_16.csv.
 """
@@ -77,7 +80,8 @@ def shifted(torch, images, shift, generator):
                   rows, columns]
 
 
-def train_run(torch, torchvision, data, seed, steps, use_steps, lr, warmup, shift, batch=64):
+def train_run(torch, torchvision, data, seed, steps, use_steps, lr, warmup, shift, batch=64,
+              dtype="fp16"):
     import math
 
     import attention_steps
@@ -90,7 +94,8 @@ def train_run(torch, torchvision, data, seed, steps, use_steps, lr, warmup, shif
     # Linear warm-up, then a cosine down to a tenth of the rate at the last step.
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / warmup) * (
         0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(s, steps) / steps))))
-    scaler = torch.amp.GradScaler("cuda")
+    autocast_dtype = torch.bfloat16 if dtype == "bf16" else torch.float16
+    scaler = torch.amp.GradScaler("cuda", enabled=dtype == "fp16")  # bf16 needs no loss scaling
     order = torch.Generator(device="cpu").manual_seed(seed)
     losses = []
     permutation, position = torch.randperm(len(train_y), generator=order), 0
@@ -101,7 +106,7 @@ def train_run(torch, torchvision, data, seed, steps, use_steps, lr, warmup, shif
         index = permutation[position:position + batch].to(train_x.device)
         position += batch
         images = shifted(torch, train_x[index], shift, order) if shift else train_x[index]
-        with torch.autocast("cuda", dtype=torch.float16):
+        with torch.autocast("cuda", dtype=autocast_dtype):
             loss = torch.nn.functional.cross_entropy(model(images), train_y[index])
         optimizer.zero_grad(set_to_none=True)
         scaler.scale(loss).backward()
@@ -112,7 +117,7 @@ def train_run(torch, torchvision, data, seed, steps, use_steps, lr, warmup, shif
         schedule.step()
         losses.append(loss.item())
     model.eval()
-    with torch.inference_mode(), torch.autocast("cuda", dtype=torch.float16):
+    with torch.inference_mode(), torch.autocast("cuda", dtype=autocast_dtype):
         predicted = model(test_x).argmax(dim=1)
     return losses, (predicted == test_y).float().mean().item()
 
@@ -128,7 +133,7 @@ def digits_part(torch, torchvision, args, step):
                                  (f"steps_seed0", 0, step)):
         started = time.time()
         runs[name] = train_run(torch, torchvision, data, seed, args.steps, steps_id, args.lr,
-                               args.warmup, args.shift)
+                               args.warmup, args.shift, dtype=args.dtype)
         print(f"digits {name}: final loss {runs[name][0][-1]:.4f}, test accuracy "
               f"{runs[name][1]:.4f} ({time.time() - started:.0f} s)", flush=True)
     stock0, stock1, swapped = (runs[k][0] for k in ("stock_seed0", "stock_seed1", "steps_seed0"))
@@ -136,7 +141,8 @@ def digits_part(torch, torchvision, args, step):
     steps_gap = running_mean([abs(a - b) for a, b in zip(stock0, swapped)])
     bound = max(seed_gap[WINDOW - 1:])
     tracked = max(steps_gap[WINDOW - 1:])
-    with open(os.path.join(args.out_dir, "training_digits.csv"), "w", newline="") as out:
+    suffix = "_bf16" if args.dtype == "bf16" else ""
+    with open(os.path.join(args.out_dir, f"training_digits{suffix}.csv"), "w", newline="") as out:
         writer = csv.writer(out)
         writer.writerow(["step", "loss_stock_seed0", "loss_stock_seed1", "loss_steps_seed0"])
         for i, values in enumerate(zip(stock0, stock1, swapped)):
@@ -145,7 +151,8 @@ def digits_part(torch, torchvision, args, step):
     lines = [
         f"steps: {step} forward, v9 backward; {args.steps} training steps, batch 64, AdamW at "
         f"peak rate {args.lr} ({args.warmup} warm-up steps, cosine decay), images shifted by up "
-        f"to {args.shift} pixels, fp16 autocast with a gradient scaler",
+        f"to {args.shift} pixels, " + ("bf16 autocast" if args.dtype == "bf16" else
+                                         "fp16 autocast with a gradient scaler"),
         f"largest running mean ({WINDOW} steps) of |loss stock seed 0 - loss stock seed 1|: "
         f"{bound:.4f} (the bound)",
         f"largest running mean ({WINDOW} steps) of |loss stock seed 0 - loss steps seed 0|: "
@@ -154,7 +161,7 @@ def digits_part(torch, torchvision, args, step):
         f"{runs['stock_seed1'][1]:.4f}, steps seed 0 {runs['steps_seed0'][1]:.4f} "
         f"({len(data[3])} test images)",
     ]
-    with open(os.path.join(args.out_dir, "training_digits.txt"), "w") as out:
+    with open(os.path.join(args.out_dir, f"training_digits{suffix}.txt"), "w") as out:
         out.write("\n".join(lines) + "\n")
     print("\n".join(lines), flush=True)
     return tracked <= bound
@@ -223,6 +230,8 @@ def main(argv=None):
                         help="augmentation: each training image moved by up to this many pixels")
     parser.add_argument("--sweep", default="", help="lr:warmup,...: stock seed 0 alone at each "
                         "(choosing the recipe), printed, nothing written")
+    parser.add_argument("--dtype", choices=("fp16", "bf16"), default="fp16",
+                        help="the digits' autocast type (the vit part runs fp16)")
     parser.add_argument("--sizes", default="224,384", type=lambda t: [int(s) for s in t.split(",")])
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--windows", type=int, default=5)
@@ -233,7 +242,8 @@ def main(argv=None):
         print("torch sees no CUDA device: nothing trained", file=sys.stderr)
         return 77
     from attention_steps import sdpa
-    step = sdpa.plan_for(torch.cuda.current_device())[64][0]  # the fastest forward at D = 64
+    dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float16
+    step = sdpa.plan_for(torch.cuda.current_device(), dtype)[64][0]  # the fastest forward at D = 64
     os.makedirs(args.out_dir, exist_ok=True)
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}; forward step {step}",
           flush=True)
