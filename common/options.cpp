@@ -80,7 +80,7 @@ std::string step_usage(const std::string& program) {
          "  --heads H        attention heads (default 12)\n"
          "  --head-dim D     head dimension (default 64)\n"
          "  --dtype T        element type of Q, K, V and O: fp16 (default) or bf16, for the\n"
-         "                   steps that take it (step 6); the others refuse bf16\n"
+         "                   steps that take it (steps 6, 8, 9); the others refuse bf16\n"
          "  --iters I        timed runs (default: up to 50 within about 2 s)\n"
          "  --warmup W       untimed runs first (default 10)\n"
          "  --seed S         seed of the random inputs (default 1234)\n"

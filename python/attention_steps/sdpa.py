@@ -6,8 +6,8 @@
 
 scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
 scale=None, enable_gqa=False) takes PyTorch's arguments and returns what PyTorch's returns. It
-runs the fastest step that serves the call on the tensors' GPU and dtype (in float16, v8 on an
-H100 and v6 elsewhere: chapters 07 and 10; in bfloat16, v6, the one that takes it) and hands
+runs the fastest step that serves the call on the tensors' GPU and dtype (v8 on an H100 and v6
+elsewhere, in float16 and in bfloat16: chapters 07, 10 and 12) and hands
 every other call to PyTorch's own function: masks, causal attention, dropout, grouped-query
 attention, dtypes other than float16 and bfloat16, CPU tensors, head dims
 or token counts no step serves, keys of another length than the queries, and calls that need a

@@ -37,7 +37,7 @@ def attention(q, k, v, step="v6", *, scale=None):
     contiguous copies. Queued on the current stream of their device. Raises ValueError for a
     shape the step does not serve on this GPU (with the library's reason) and for bad tensors,
     TypeError for a dtype other than float16 and bfloat16 (bfloat16 for the steps that take it:
-    v6), RuntimeError for a CUDA failure."""
+    v6 and v8), RuntimeError for a CUDA failure."""
     operator = _attention_op if _attention_op is not None else torch_op.load()  # says how to build it
     return operator(q, k, v, step, scale, None, torch_op.needs_grad((q, k, v)))[0]
 
