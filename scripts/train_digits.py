@@ -14,13 +14,14 @@ digits  A small ViT (torchvision's VisionTransformer: 32 x 32 images in 2 x 2 pa
         The steps' curve must track stock seed 0's: the running mean (20 steps) of their losses'
         difference must stay below the largest running mean of the two stock seeds' difference,
         the variation the recipe itself has. Test accuracy of each run on the held-out 20%.
-vit     One training step of torchvision's vit_b_16 (forward, backward, AdamW) in fp16 autocast
-        with a gradient scaler, batch 32, at each image size: images/s (CUDA events, median of
+vit     One training step of torchvision's vit_b_16 (--models: others) (forward, backward,
+        AdamW) in fp16 autocast with a gradient scaler (bf16 autocast without one with
+        --dtype bf16), batch 32, at each image size: images/s (CUDA events, median of
         windows) and peak memory, stock and with the steps.
 
     python3 scripts/train_digits.py --out-dir OUT [--parts digits,vit] [--steps 2000]
---dtype bf16 trains the digits in bf16 autocast instead (no gradient scaler: bf16 has fp32's
-range), writing OUT/training_digits_bf16.csv and .txt.
+--dtype bf16 trains in bf16 autocast instead (no gradient scaler: bf16 has fp32's range),
+writing OUT/training_digits_bf16.csv and .txt, and OUT/training_<models>_bf16.csv.
 
 Writes OUT/training_digits.csv (the three loss curves), OUT/training_digits.txt (the verdict,
 the accuracies) and OUT/training_vit_b_16.csv.
@@ -169,20 +170,21 @@ def digits_part(torch, torchvision, args, step):
 
 def vit_part(torch, torchvision, args, step):
     import attention_steps
+    autocast_dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float16
     rows = []
-    for size in args.sizes:
+    for model_name, size in ((m, s) for m in args.models for s in args.sizes):
         for name in ("stock", step):
             torch.manual_seed(0)
-            model = torchvision.models.vit_b_16(image_size=size).cuda()
+            model = getattr(torchvision.models, model_name)(image_size=size).cuda()
             if name != "stock":
                 attention_steps.swap_attention(model, step=name)
             optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-            scaler = torch.amp.GradScaler("cuda")
+            scaler = torch.amp.GradScaler("cuda", enabled=args.dtype == "fp16")
             images = torch.randn(args.batch, 3, size, size, device="cuda")
             labels = torch.randint(0, 1000, (args.batch,), device="cuda")
 
             def train_step():
-                with torch.autocast("cuda", dtype=torch.float16):
+                with torch.autocast("cuda", dtype=autocast_dtype):
                     loss = torch.nn.functional.cross_entropy(model(images), labels)
                 optimizer.zero_grad(set_to_none=True)
                 scaler.scale(loss).backward()
@@ -203,16 +205,21 @@ def vit_part(torch, torchvision, args, step):
                 end.record()
                 end.synchronize()
                 rates.append(args.batch * 5 / start.elapsed_time(end) * 1000)
-            row = {"model": "vit_b_16", "image_size": size, "batch": args.batch,
+            row = {"model": model_name, "image_size": size, "batch": args.batch,
                    "implementation": name, "images_per_s": f"{statistics.median(rates):.1f}",
                    "low": f"{min(rates):.1f}", "high": f"{max(rates):.1f}",
                    "windows": len(rates),
                    "peak_memory_gib": f"{torch.cuda.max_memory_allocated() / 2**30:.2f}"}
+            if args.dtype == "bf16":
+                row["dtype"] = "bf16"
             rows.append(row)
             print(", ".join(f"{k}={v}" for k, v in row.items()), flush=True)
             del model, optimizer
             torch.cuda.empty_cache()
-    with open(os.path.join(args.out_dir, "training_vit_b_16.csv"), "w", newline="") as out:
+    # The default run keeps its file name (gpu-check's training stage); others name what they ran.
+    file_name = ("training_vit_b_16.csv" if args.models == ["vit_b_16"] and args.dtype == "fp16"
+                 else f"training_{'_'.join(args.models)}_{args.dtype}.csv")
+    with open(os.path.join(args.out_dir, file_name), "w", newline="") as out:
         writer = csv.DictWriter(out, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)
@@ -231,7 +238,9 @@ def main(argv=None):
     parser.add_argument("--sweep", default="", help="lr:warmup,...: stock seed 0 alone at each "
                         "(choosing the recipe), printed, nothing written")
     parser.add_argument("--dtype", choices=("fp16", "bf16"), default="fp16",
-                        help="the digits' autocast type (the vit part runs fp16)")
+                        help="the autocast type of both parts (bf16: no gradient scaler)")
+    parser.add_argument("--models", default="vit_b_16", type=lambda t: t.split(","),
+                        help="torchvision ViTs of the vit part, e.g. vit_b_16,vit_l_16")
     parser.add_argument("--sizes", default="224,384", type=lambda t: [int(s) for s in t.split(",")])
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--windows", type=int, default=5)
