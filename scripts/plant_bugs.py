@@ -94,6 +94,14 @@ BUGS = [
     Bug("v9nodkscale", V9, "dK without the softmax's scale (dS^T Q, not scale dS^T Q)",
         [("pack_pair<Element>(dk_acc[d][2 * half] * scale, dk_acc[d][2 * half + 1] * scale)",
           "pack_pair<Element>(dk_acc[d][2 * half], dk_acc[d][2 * half + 1])", 1)]),
+    # bf16: the element type mixed up in one place, which the fp16 suite cannot see.
+    Bug("v6bf16pashalf", V6, "P packed as fp16 pairs in the bf16 kernel (the wrong type for the MMA)",
+        [("p_fragments[g][0] = pack_pair<Element>(", "p_fragments[g][0] = pack_pair<__half>(", 1)]),
+    Bug("v8bf16mmahalf", V8, "P V issued as an fp16 wgmma on bf16 operands",
+        [("hopper::wgmma_rs<Element>(o_acc", "hopper::wgmma_rs<__half>(o_acc", 1)]),
+    Bug("v9bf16dvhalf", V9, "dV packed as fp16 pairs in the bf16 kernel",
+        [("pack_pair<Element>(dv_acc[d][2 * half], dv_acc[d][2 * half + 1])",
+          "pack_pair<__half>(dv_acc[d][2 * half], dv_acc[d][2 * half + 1])", 1)]),
     # The asynchronous protocol: races that need unlucky timing to corrupt a result.
     Bug("v7fullwaitonce", V7, "waits for a stage's copy only the first time round the ring",
         [("kv_ring.wait_full(tile);", "if (tile < T::kStages) kv_ring.wait_full(tile);", 1)],
