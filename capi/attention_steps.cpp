@@ -280,10 +280,17 @@ int check_run(const attn::StepInfo& step, const attn::Shape& shape, const void* 
   }
   const std::size_t input_bytes = span_bytes(
       shape, attn::actual_strides(qkv_strides, shape.heads, shape.tokens, shape.head_dim));
+  attn::Shape kv_shape = shape;  // K and V: N_k rows a slice
+  kv_shape.tokens = shape.keys();
+  kv_shape.kv_tokens = 0;
+  const std::size_t kv_bytes = span_bytes(
+      kv_shape, attn::actual_strides(qkv_strides, shape.heads, shape.keys(), shape.head_dim));
   const std::size_t output_bytes = span_bytes(
       shape, attn::actual_strides(o_strides, shape.heads, shape.tokens, shape.head_dim));
-  for (const auto& [name, input] : {std::pair<const char*, const void*>{"q", q}, {"k", k}, {"v", v}}) {
-    if (overlaps(o, output_bytes, input, input_bytes)) {
+  for (const auto& [name, input, bytes] :
+       {std::tuple<const char*, const void*, std::size_t>{"q", q, input_bytes}, {"k", k, kv_bytes},
+        {"v", v, kv_bytes}}) {
+    if (overlaps(o, output_bytes, input, bytes)) {
       throw Refused{std::string("o overlaps ") + name +
                     ": the output must not share memory with an input"};
     }
@@ -293,7 +300,7 @@ int check_run(const attn::StepInfo& step, const attn::Shape& shape, const void* 
     const std::size_t rows_bytes = std::size_t(shape.slices() * shape.tokens) * sizeof(float);
     for (const auto& [name, tensor, bytes] :
          {std::tuple<const char*, const void*, std::size_t>{"q", q, input_bytes},
-          {"k", k, input_bytes}, {"v", v, input_bytes}, {"o", o, output_bytes}}) {
+          {"k", k, kv_bytes}, {"v", v, kv_bytes}, {"o", o, output_bytes}}) {
       if (overlaps(log_sum_exp, rows_bytes, tensor, bytes)) {
         throw Refused{std::string("log_sum_exp overlaps ") + name +
                       ": L must not share memory with an input or O"};
@@ -373,6 +380,7 @@ int attn_step_get(int index, attn_step_info* info) {
     info->is_backward = attn::is_backward(step.kind) ? 1 : 0;
     info->takes_bf16 = std::find(step.dtypes.begin(), step.dtypes.end(), attn::DType::bf16) !=
                                step.dtypes.end() ? 1 : 0;
+    info->takes_kv_tokens = step.takes_kv_tokens ? 1 : 0;
   });
 }
 
@@ -469,12 +477,15 @@ void launch_call(const char* id, const attn_launch_args& call) {
     throw Refused{step.id + " is a backward step (dQ, dK, dV from dO); the C ABI runs forward "
                   "steps"};
   }
-  const attn::Shape shape =
+  attn::Shape shape =
       with_dtype(shape_of(call.batch, call.heads, call.tokens, call.head_dim), call.dtype);
-  if (call.kv_tokens != 0 && call.kv_tokens != call.tokens) {
-    throw Refused{"kv_tokens " + std::to_string(call.kv_tokens) + " differs from tokens " +
-                  std::to_string(call.tokens) + ": no step serves cross-attention yet (keys and "
-                  "values must be as many as the queries)"};
+  if (call.kv_tokens != 0) {  // cross-attention: N_k keys and values; a step that serves it
+    shape.kv_tokens = shape_of(1, 1, call.kv_tokens, call.head_dim).tokens;
+    const bool views = (call.qkv_strides.batch | call.qkv_strides.head | call.qkv_strides.token) != 0;
+    if (shape.cross() && views) {
+      throw Refused{"kv_tokens " + std::to_string(call.kv_tokens) + " with strided q, k and v: "
+                    "cross-attention takes contiguous tensors"};
+    }
   }
   if (call.key_padding_mask != nullptr) {
     throw Refused{"no step serves a key-padding mask yet: key_padding_mask must be NULL"};

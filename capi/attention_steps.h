@@ -63,6 +63,7 @@ typedef struct attn_step_info {
   int writes_log_sum_exp;      /* 1 when it writes L (attn_run_with_log_sum_exp) */
   int is_backward;             /* 1 for a backward step (dQ, dK, dV): listed, not run here */
   int takes_bf16;              /* 1 when it takes dtype ATTN_DTYPE_BF16 as well as fp16 */
+  int takes_kv_tokens;         /* 1 when it serves kv_tokens != tokens (cross-attention) */
 } attn_step_info;
 
 /* The strides, in elements, of a [B, H, N, D] view whose rows of D values are contiguous:
@@ -157,8 +158,8 @@ typedef struct attn_launch_args {
   void* o;
   void* log_sum_exp;  /* NULL, or L as attn_run_with_log_sum_exp writes it: [B, H, N] fp32 */
   int64_t batch, heads, tokens, head_dim;
-  /* Keys and values per (b, h); 0 means `tokens`. Another count (cross-attention) is refused:
-   * no step serves one yet. */
+  /* Keys and values per (b, h), N_k; 0 means `tokens`. Another count is cross-attention: k and
+   * v are then contiguous [B, H, N_k, D], for a step whose info has takes_kv_tokens. */
   int64_t kv_tokens;
   /* Must be NULL: no step serves a key-padding mask yet. */
   const void* key_padding_mask;

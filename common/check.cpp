@@ -37,8 +37,8 @@ void compare_all_slices(const HostTensors& inputs, const std::vector<__half>& ou
                         const std::vector<float>& all_slices, CheckResult& result) {
   double error_sq = 0, reference_sq = 0, max_abs_v = 0;
   int64_t nonfinite = 0, worst_index = -1, first_nonfinite = -1;
+  for (__half value : inputs.v) max_abs_v = std::max(max_abs_v, std::fabs(double(__half2float(value))));
   for (std::size_t i = 0; i < output.size(); ++i) {
-    max_abs_v = std::max(max_abs_v, std::fabs(double(__half2float(inputs.v[i]))));
     const double value = double(__half2float(output[i]));
     if (!std::isfinite(value)) {
       if (nonfinite++ == 0) first_nonfinite = int64_t(i);
@@ -88,10 +88,13 @@ CheckResult compare(const HostTensors& inputs, const Reference& reference,
   for (std::size_t which = 0; which < reference.slices.size(); ++which) {
     const int64_t slice = reference.slices[which];
     const __half* got = output.data() + slice * slice_size;
-    const __half* v = inputs.v.data() + slice * slice_size;
+    const int64_t v_slice_size = shape.keys() * shape.head_dim;  // V has N_k rows a slice
+    const __half* v = inputs.v.data() + slice * v_slice_size;
+    for (int64_t i = 0; i < v_slice_size; ++i) {
+      max_abs_v = std::max(max_abs_v, std::fabs(double(__half2float(v[i]))));
+    }
     const std::vector<double>& want = reference.output[which];
     for (int64_t i = 0; i < slice_size; ++i) {
-      max_abs_v = std::max(max_abs_v, std::fabs(double(__half2float(v[i]))));
       const double value = double(__half2float(got[i]));
       if (!std::isfinite(value)) {
         if (result.nonfinite++ == 0) {

@@ -32,10 +32,9 @@ void fill(std::vector<__half>& tensor, DType dtype, uint64_t seed, uint64_t stre
 HostTensors sized_inputs(const Shape& shape) {
   HostTensors inputs;
   inputs.shape = shape;
-  const auto count = std::size_t(shape.elements());
-  inputs.q.resize(count);
-  inputs.k.resize(count);
-  inputs.v.resize(count);
+  inputs.q.resize(std::size_t(shape.elements()));
+  inputs.k.resize(std::size_t(shape.kv_elements()));
+  inputs.v.resize(std::size_t(shape.kv_elements()));
   return inputs;
 }
 

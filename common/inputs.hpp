@@ -18,7 +18,7 @@ namespace attn {
 // converts them to bf16 on the way to the GPU; the references read the same numbers.
 struct HostTensors {
   Shape shape;
-  std::vector<__half> q, k, v;
+  std::vector<__half> q, k, v;  // Q [B, H, N, D]; K and V [B, H, N_k, D]
 };
 
 // `value` rounded to `dtype`, in an fp16 container (see HostTensors).

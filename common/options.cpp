@@ -1,5 +1,6 @@
 #include "options.hpp"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <limits>
@@ -53,10 +54,10 @@ std::string to_string(CheckMode mode) {
 }
 
 void validate_shape(const Shape& shape) {
-  // Four tensors of B*H*N*D fp16 values must have a byte count that fits in 64 bits.
+  // Four tensors of B*H*max(N, N_k)*D 16-bit values must have a byte count that fits in 64 bits.
   constexpr int64_t kMaxBytes = std::numeric_limits<int64_t>::max();
   int64_t bytes = 4 * 2;  // four tensors, two bytes per element
-  for (int64_t factor : {shape.batch, shape.heads, shape.tokens, shape.head_dim}) {
+  for (int64_t factor : {shape.batch, shape.heads, std::max(shape.tokens, shape.keys()), shape.head_dim}) {
     if (bytes > kMaxBytes / factor) {
       throw UsageError("shape " + shape.str() +
                        ": its buffers' byte count overflows 64 bits; choose smaller sizes");
@@ -68,7 +69,7 @@ void validate_shape(const Shape& shape) {
 std::string step_usage(const std::string& program) {
   return "usage: " + program +
          " [--tokens N | --image PX [--patch P]] [--batch B] [--heads H] [--head-dim D]\n"
-         "       [--dtype fp16|bf16] [--iters I] [--warmup W] [--seed S] [--check sample|full|none]\n"
+         "       [--kv-tokens N_k] [--dtype fp16|bf16] [--iters I] [--warmup W] [--seed S] [--check sample|full|none]\n"
          "       [--format text|json|csv] [--device K] [--no-ceilings] [--deterministic]\n"
          "\n"
          "Runs one attention step, O = softmax(Q K^T / sqrt(D)) V on fp16 [B, H, N, D] tensors,\n"
@@ -79,6 +80,8 @@ std::string step_usage(const std::string& program) {
          "  --batch B        batch size (default 32)\n"
          "  --heads H        attention heads (default 12)\n"
          "  --head-dim D     head dimension (default 64)\n"
+         "  --kv-tokens N_k  keys and values per (b, h), for cross-attention (default: N, as\n"
+         "                   many as the queries); the steps that serve it: 0, 6\n"
          "  --dtype T        element type of Q, K, V and O: fp16 (default) or bf16, for the\n"
          "                   steps that take it (steps 6, 8, 9); the others refuse bf16\n"
          "  --iters I        timed runs (default: up to 50 within about 2 s)\n"
@@ -140,6 +143,8 @@ StepOptions parse_step_options(int argc, const char* const* argv) {
       options.shape.heads = parse_integer(name, take_value(), 1, kMaxDimension);
     } else if (name == "--head-dim") {
       options.shape.head_dim = parse_integer(name, take_value(), 1, kMaxDimension);
+    } else if (name == "--kv-tokens") {
+      options.shape.kv_tokens = parse_integer(name, take_value(), 1, kMaxDimension);
     } else if (name == "--dtype") {
       const std::string& dtype = take_value();
       if (dtype == "fp16") options.shape.dtype = DType::fp16;

@@ -15,19 +15,26 @@ std::string dtype_name(DType dtype);  // "fp16", "bf16": as --dtype takes it
 // Its unit roundoff u: half the gap between 1 and the next number, 2^-11 and 2^-8.
 constexpr double unit_roundoff(DType dtype) { return dtype == DType::bf16 ? 0x1.0p-8 : 0x1.0p-11; }
 
+// `tokens` (N) is the number of queries. Keys and values are as many (self-attention) unless
+// kv_tokens says otherwise (cross-attention, as a DETR decoder's 100 queries attend to an image's
+// 1050 positions): then Q and O are [B, H, N, D] and K and V [B, H, N_k, D].
 struct Shape {
   int64_t batch = 32;
   int64_t heads = 12;
   int64_t tokens = 197;
   int64_t head_dim = 64;
   DType dtype = DType::fp16;
+  int64_t kv_tokens = 0;  // N_k; 0 means N
 
+  int64_t keys() const { return kv_tokens > 0 ? kv_tokens : tokens; }  // N_k
+  bool cross() const { return keys() != tokens; }
   int64_t slices() const { return batch * heads; }                 // independent (b, h) problems
-  int64_t elements() const { return slices() * tokens * head_dim; }  // per tensor
-  // Two matrix products of N x N x D per slice, 2 FLOPs per multiply-add.
-  double flops() const { return 4.0 * double(slices()) * double(tokens) * double(tokens) * double(head_dim); }
+  int64_t elements() const { return slices() * tokens * head_dim; }  // of Q or O
+  int64_t kv_elements() const { return slices() * keys() * head_dim; }  // of K or V
+  // Two matrix products of N x N_k x D per slice, 2 FLOPs per multiply-add.
+  double flops() const { return 4.0 * double(slices()) * double(tokens) * double(keys()) * double(head_dim); }
   // The fewest bytes any implementation must move: read Q, K, V and write O once, 2 bytes each.
-  double min_bytes() const { return 4.0 * double(elements()) * 2.0; }
+  double min_bytes() const { return 2.0 * (2.0 * double(elements()) + 2.0 * double(kv_elements())); }
   std::string str() const;
 };
 

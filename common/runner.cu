@@ -40,8 +40,10 @@ std::map<std::string, std::string>& hung_steps() {
 // 16-bit elements, fp16 or bf16 as the shape's dtype says (AttentionArgs' pointers are typed
 // for fp16 either way).
 struct DeviceSet {
-  DeviceBuffer<__half> q, k, v, o;
-  explicit DeviceSet(std::size_t count) : q(count), k(count), v(count), o(count) {}
+  DeviceBuffer<__half> q, k, v, o;  // K and V have N_k rows a slice (Shape::keys())
+  explicit DeviceSet(const Shape& shape)
+      : q(std::size_t(shape.elements())), k(std::size_t(shape.kv_elements())),
+        v(std::size_t(shape.kv_elements())), o(std::size_t(shape.elements())) {}
 };
 
 // A host tensor (fp16 containers, HostTensors) to the device in `dtype`: for bf16 each value is
@@ -118,7 +120,7 @@ std::size_t device_bytes_needed(const StepInfo& step, const Shape& shape, int bu
                                    gpu_backward_reference_scratch_bytes(shape)
                              : 0);
   }
-  return std::size_t(buffer_sets) * 4 * std::size_t(shape.elements()) * sizeof(__half) +
+  return std::size_t(buffer_sets) * std::size_t(shape.min_bytes()) +  // Q, K, V, O per set
          step.workspace_for(shape) +
          (step.writes_log_sum_exp ? rows * sizeof(float) : 0) +  // the checked run's L
          (check_all_slices ? (std::size_t(shape.elements()) + rows) * sizeof(float) : 0);
@@ -288,7 +290,7 @@ RunResult run_step(const StepInfo& step, const HostTensors& inputs, const Refere
     throw CudaError("not run: an earlier run of " + step.id + " hung: " + hung->second);
   }
   const std::size_t count = std::size_t(shape.elements());
-  const std::size_t set_bytes = 4 * count * sizeof(__half);
+  const std::size_t set_bytes = std::size_t(shape.min_bytes());  // Q, K, V and O
 
   // Enough copies that they cannot all sit in L2 (two L2s' worth), as far as memory allows.
   int device = 0, l2_bytes = 0;
@@ -307,7 +309,7 @@ RunResult run_step(const StepInfo& step, const HostTensors& inputs, const Refere
 
   std::vector<DeviceSet> device_sets;
   device_sets.reserve(sets);
-  for (int s = 0; s < sets; ++s) device_sets.emplace_back(count);
+  for (int s = 0; s < sets; ++s) device_sets.emplace_back(shape);
   DeviceBuffer<char> workspace(step.workspace_for(shape));
   upload(device_sets[0].q.data(), inputs.q, shape.dtype);
   upload(device_sets[0].k.data(), inputs.k, shape.dtype);
@@ -315,7 +317,7 @@ RunResult run_step(const StepInfo& step, const HostTensors& inputs, const Refere
   for (int s = 1; s < sets; ++s) {
     for (auto member : {&DeviceSet::q, &DeviceSet::k, &DeviceSet::v}) {
       CUDA_CHECK(cudaMemcpy((device_sets[s].*member).data(), (device_sets[0].*member).data(),
-                            count * sizeof(__half), cudaMemcpyDeviceToDevice));
+                            (device_sets[0].*member).bytes(), cudaMemcpyDeviceToDevice));
     }
   }
   // These copies run on the legacy default stream, and a pageable upload may return before its

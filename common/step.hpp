@@ -47,6 +47,8 @@ struct AttentionArgs {
   int batch = 0;
   int heads = 0;
   int tokens = 0;
+  int kv_tokens = 0;  // keys and values per slice, N_k: K and V are [B, H, N_k, D]; = tokens but
+                      // for a step whose StepInfo says takes_kv_tokens (cross-attention)
   int head_dim = 0;
   // The factor on the scores, s = scale * q K^T: 1/sqrt(D) as the harness sets it (attention_args),
   // another value when a caller asks (the C ABI's and PyTorch's `scale`). Every step honours it.
@@ -75,6 +77,7 @@ inline AttentionArgs attention_args(const Shape& shape, const __half* q, const _
   args.batch = int(shape.batch);
   args.heads = int(shape.heads);
   args.tokens = int(shape.tokens);
+  args.kv_tokens = int(shape.keys());
   args.head_dim = int(shape.head_dim);
   args.dtype = shape.dtype;
   args.scale = 1.0 / std::sqrt(double(shape.head_dim));
@@ -173,6 +176,7 @@ struct StepInfo {
   BackwardLaunchFn launch_backward = nullptr;  // a backward step's launch (kind backward)
   std::string forward_step = "";  // a backward step's forward: the step that writes its O and L
   std::vector<DType> dtypes = {DType::fp16};  // the element types it takes (AttentionArgs::dtype)
+  bool takes_kv_tokens = false;  // serves N_k != N (cross-attention: AttentionArgs::kv_tokens)
 
   // Why this step refuses the shape on any GPU (a head dim or a dtype it does not serve), in one
   // line that names the flag; nothing if it serves it.

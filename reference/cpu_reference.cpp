@@ -11,8 +11,9 @@ using RowMatrix = Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::R
 
 constexpr int64_t kRowBlock = 256;
 
-RowMatrix load_slice(const std::vector<__half>& tensor, const Shape& shape, int64_t slice) {
-  const int64_t n = shape.tokens, d = shape.head_dim;
+// One slice of a tensor of `rows` rows per slice (N for Q, N_k for K and V).
+RowMatrix load_slice(const std::vector<__half>& tensor, int64_t rows, int64_t d, int64_t slice) {
+  const int64_t n = rows;
   RowMatrix m(n, d);
   const __half* base = tensor.data() + slice * n * d;
   for (int64_t i = 0; i < n * d; ++i) m.data()[i] = double(__half2float(base[i]));
@@ -60,9 +61,9 @@ Reference compute_reference(const HostTensors& inputs, const std::vector<int64_t
     for (int64_t item = begin; item < end; ++item) {
       const int64_t which = item / blocks_per_slice, block = item % blocks_per_slice;
       if (which != loaded) {
-        q = load_slice(inputs.q, shape, slices[which]);
-        k = load_slice(inputs.k, shape, slices[which]);
-        v = load_slice(inputs.v, shape, slices[which]);
+        q = load_slice(inputs.q, n, d, slices[which]);
+        k = load_slice(inputs.k, shape.keys(), d, slices[which]);
+        v = load_slice(inputs.v, shape.keys(), d, slices[which]);
         loaded = which;
       }
       attend_rows(q, k, v, block * kRowBlock, std::min(n, (block + 1) * kRowBlock),

@@ -9,7 +9,8 @@
 namespace attn {
 
 // O for one (b, h) slice, N x D row-major, computed in fp64 with the stable softmax
-// (subtract each row's maximum before exp). Rows go in blocks so memory stays O(block * N).
+// (subtract each row's maximum before exp), over the slice's N_k keys (Shape::keys()). Rows go
+// in blocks so memory stays O(block * N_k).
 std::vector<double> reference_slice(const HostTensors& inputs, int64_t slice);
 
 // The reference for a set of slices, computed in parallel over slices and row blocks.

@@ -35,12 +35,12 @@ __device__ double warp_sum(double value) {
 template <typename Element>
 __global__ void reference_attention_fp64(const Element* q, const Element* k, const Element* v,
                                          float* out, float* log_sum_exp, int64_t rows_total,
-                                         int tokens, int head_dim, double scale) {
+                                         int tokens, int kv_tokens, int head_dim, double scale) {
   __shared__ double q_rows[kWarpsPerBlock][kGpuReferenceMaxHeadDim];
   const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
   const int64_t row_index = int64_t(blockIdx.x) * kWarpsPerBlock + warp;
   if (row_index >= rows_total) return;  // the whole warp: nothing below synchronises the block
-  const int64_t slice_offset = (row_index / tokens) * int64_t(tokens) * head_dim;
+  const int64_t slice_offset = (row_index / tokens) * int64_t(kv_tokens) * head_dim;  // of K, V
   const Element* k_slice = k + slice_offset;
   const Element* v_slice = v + slice_offset;
   double* q_row = q_rows[warp];
@@ -55,18 +55,18 @@ __global__ void reference_attention_fp64(const Element* q, const Element* k, con
   };
 
   double row_max = -INFINITY;
-  for (int key = lane; key < tokens; key += kWarpSize) row_max = fmax(row_max, score(key));
+  for (int key = lane; key < kv_tokens; key += kWarpSize) row_max = fmax(row_max, score(key));
   row_max = warp_max(row_max);
 
   // Keys in chunks of 32: lane l computes p for key chunk + l, then every lane adds each of the
   // chunk's 32 p_j v_j to its columns of O.
   double o_acc[kColumnsPerLane] = {};
   double row_sum = 0.0;
-  for (int chunk = 0; chunk < tokens; chunk += kWarpSize) {
+  for (int chunk = 0; chunk < kv_tokens; chunk += kWarpSize) {
     const int key = chunk + lane;
-    const double p = key < tokens ? exp(score(key) - row_max) : 0.0;
+    const double p = key < kv_tokens ? exp(score(key) - row_max) : 0.0;
     row_sum += p;
-    const int chunk_keys = min(kWarpSize, tokens - chunk);
+    const int chunk_keys = min(kWarpSize, kv_tokens - chunk);
     for (int j = 0; j < chunk_keys; ++j) {
       const double p_j = __shfl_sync(0xffffffffu, p, j);
       const Element* v_row = v_slice + int64_t(chunk + j) * head_dim;
@@ -242,6 +242,7 @@ void launch_gpu_backward_reference(const __half* q, const __half* k, const __hal
                                    double* row_stats, const Shape& shape, double scale,
                                    cudaStream_t stream) {
   check_head_dim(shape);
+  if (shape.cross()) throw CudaError("the GPU backward reference serves self-attention (N_k = N) only");
   const int64_t rows_total = shape.slices() * shape.tokens;
   const unsigned blocks = unsigned((rows_total + kWarpsPerBlock - 1) / kWarpsPerBlock);
   with_element_type(shape, [&](auto element) {
@@ -271,7 +272,7 @@ void launch_gpu_reference(const __half* q, const __half* k, const __half* v, flo
     reference_attention_fp64<<<unsigned(blocks), kWarpsPerBlock * kWarpSize, 0, stream>>>(
         reinterpret_cast<const Element*>(q), reinterpret_cast<const Element*>(k),
         reinterpret_cast<const Element*>(v), out, log_sum_exp, rows_total, int(shape.tokens),
-        int(shape.head_dim), 1.0 / std::sqrt(double(shape.head_dim)));
+        int(shape.keys()), int(shape.head_dim), 1.0 / std::sqrt(double(shape.head_dim)));
     CUDA_CHECK_LAUNCH();
   });
 }

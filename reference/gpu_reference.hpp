@@ -23,7 +23,8 @@
 
 namespace attn {
 
-// O = softmax(Q K^T / sqrt(D)) V for every slice of `shape`, from device [B, H, N, D] contiguous
+// O = softmax(Q K^T / sqrt(D)) V for every slice of `shape` (its N queries, its N_k keys), from
+// device [B, H, N, D] (Q) and [B, H, N_k, D] (K, V) contiguous
 // tensors of shape.dtype (fp16, or bf16 behind the same pointer type, as AttentionArgs has them) into `out` (device, [B, H, N, D] fp32), on `stream`. Any N >= 1, D <= 256.
 // `log_sum_exp` (device, [B, H, N] fp32, or nullptr) receives each row's L = log(sum_j exp(s_j)),
 // s = q K^T / sqrt(D).

@@ -84,6 +84,9 @@ TEST_SUITE("cli") {
     CHECK(parse({}).shape.dtype == attn::DType::fp16);
     CHECK(parse({"--dtype", "bf16"}).shape.dtype == attn::DType::bf16);
     CHECK(parse({"--dtype=fp16"}).shape.dtype == attn::DType::fp16);
+    CHECK(parse({}).shape.keys() == 197);  // self-attention unless --kv-tokens
+    CHECK(parse({"--tokens", "100", "--kv-tokens", "1050"}).shape.keys() == 1050);
+    CHECK(parse({"--tokens", "100", "--kv-tokens", "1050"}).shape.cross());
   }
 
   TEST_CASE("bad input: exit 2, one line on stderr naming the flag") {
@@ -117,6 +120,8 @@ TEST_SUITE("cli") {
         {{"--format", "xml"}, "--format: 'xml' is not one of text, json, csv"},
         {{"--device", "-1"}, "--device: -1 is too small"},
         {{"--dtype", "fp8"}, "--dtype: 'fp8' is not one of fp16, bf16"},
+        {{"--kv-tokens", "0"}, "--kv-tokens: 0 is too small"},
+        {{"--kv-tokens", "65"}, "does not serve --kv-tokens 65 (it serves self-attention"},
         {{"--dtype", "bf16"}, "does not serve --dtype bf16 (it takes fp16)"},
         {{"--dtype", "bf16", "--format", "csv"}, "has no dtype column"},
         {{"--tokens", "2000", "--batch", "2147483647", "--heads", "2147483647", "--head-dim", "64"},

@@ -14,24 +14,26 @@ using attn::Shape;
 
 double at(const std::vector<__half>& t, int64_t i) { return double(__half2float(t[i])); }
 
-// softmax(Q K^T / sqrt(D)) V for one slice, straight from the formula (long double, stable).
+// softmax(Q K^T / sqrt(D)) V for one slice, straight from the formula (long double, stable):
+// N query rows, N_k keys (as many unless the shape says otherwise).
 std::vector<double> plain_attention(const HostTensors& in, int64_t slice) {
-  const int64_t n = in.shape.tokens, d = in.shape.head_dim, base = slice * n * d;
+  const int64_t n = in.shape.tokens, n_k = in.shape.keys(), d = in.shape.head_dim;
+  const int64_t base = slice * n * d, kv_base = slice * n_k * d;
   std::vector<double> out(n * d);
   for (int64_t i = 0; i < n; ++i) {
-    std::vector<long double> s(n);
+    std::vector<long double> s(n_k);
     long double row_max = -INFINITY;
-    for (int64_t j = 0; j < n; ++j) {
+    for (int64_t j = 0; j < n_k; ++j) {
       long double dot = 0;
-      for (int64_t c = 0; c < d; ++c) dot += at(in.q, base + i * d + c) * at(in.k, base + j * d + c);
+      for (int64_t c = 0; c < d; ++c) dot += at(in.q, base + i * d + c) * at(in.k, kv_base + j * d + c);
       s[j] = dot / std::sqrt((long double)d);
       row_max = std::max(row_max, s[j]);
     }
     long double sum = 0;
-    for (int64_t j = 0; j < n; ++j) sum += (s[j] = std::exp(s[j] - row_max));
+    for (int64_t j = 0; j < n_k; ++j) sum += (s[j] = std::exp(s[j] - row_max));
     for (int64_t c = 0; c < d; ++c) {
       long double o = 0;
-      for (int64_t j = 0; j < n; ++j) o += s[j] / sum * at(in.v, base + j * d + c);
+      for (int64_t j = 0; j < n_k; ++j) o += s[j] / sum * at(in.v, kv_base + j * d + c);
       out[i * d + c] = double(o);
     }
   }
@@ -40,13 +42,14 @@ std::vector<double> plain_attention(const HostTensors& in, int64_t slice) {
 
 // L = log(sum_j exp(s_j)) of each row of one slice, straight from the formula (long double).
 std::vector<double> plain_log_sum_exp(const HostTensors& in, int64_t slice) {
-  const int64_t n = in.shape.tokens, d = in.shape.head_dim, base = slice * n * d;
+  const int64_t n = in.shape.tokens, n_k = in.shape.keys(), d = in.shape.head_dim;
+  const int64_t base = slice * n * d, kv_base = slice * n_k * d;
   std::vector<double> out(n);
   for (int64_t i = 0; i < n; ++i) {
     long double sum = 0;
-    for (int64_t j = 0; j < n; ++j) {
+    for (int64_t j = 0; j < n_k; ++j) {
       long double dot = 0;
-      for (int64_t c = 0; c < d; ++c) dot += at(in.q, base + i * d + c) * at(in.k, base + j * d + c);
+      for (int64_t c = 0; c < d; ++c) dot += at(in.q, base + i * d + c) * at(in.k, kv_base + j * d + c);
       sum += std::exp(dot / std::sqrt((long double)d));  // no overflow in long double's range
     }
     out[i] = double(std::log(sum));
@@ -64,8 +67,11 @@ double max_difference(const std::vector<double>& a, const std::vector<double>& b
 
 TEST_SUITE("reference") {
   TEST_CASE("matches plain loops on random shapes, N = 1 and tails included") {
+    const attn::DType fp16 = attn::DType::fp16;
     const Shape shapes[] = {{1, 1, 1, 64}, {1, 2, 2, 32}, {2, 1, 17, 64}, {1, 1, 65, 80},
-                            {2, 2, 300, 128}, {1, 1, 257, 64}};
+                            {2, 2, 300, 128}, {1, 1, 257, 64},
+                            // cross-attention: fewer keys than queries, more, and one
+                            {2, 1, 65, 64, fp16, 17}, {1, 2, 17, 32, fp16, 300}, {2, 2, 9, 64, fp16, 1}};
     for (const Shape& shape : shapes) {
       CAPTURE(shape.str());
       const HostTensors inputs = attn::make_inputs(shape, 7);

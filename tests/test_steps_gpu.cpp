@@ -223,6 +223,37 @@ TEST_CASE("bf16, where the step takes it: tails, a ViT shape, the stress case, t
   }
 }
 
+TEST_CASE("cross-attention, where the step serves it: N_q and N_k apart, the tails of each") {
+  const attn::StepInfo& step = step_under_test();
+  if (!step.takes_kv_tokens) {
+    const auto reason = step.refuses(Shape{1, 1, 64, 64, attn::DType::fp16, 65}, device_under_test());
+    REQUIRE(reason.has_value());  // the refusal is the test
+    CHECK(reason->find("--kv-tokens 65") != std::string::npos);
+    return;
+  }
+  // Tails of N_q with a whole K/V tile and of N_k with a whole Q tile, both at once, one of each
+  // side, and DETR's decoder (100 object queries over 1050 image positions).
+  const std::pair<int64_t, int64_t> sizes[] = {{1, 65},   {65, 1},   {64, 130}, {130, 64},
+                                               {17, 197}, {197, 17}, {100, 1050}};
+  for (int head_dim : step.head_dims) {
+    for (const auto& [tokens, kv_tokens] : sizes) {
+      const Shape shape{2, 3, tokens, head_dim, attn::DType::fp16, kv_tokens};
+      if (!serves(step, shape)) continue;
+      CAPTURE(shape.str());
+      require_pass(check_step(step, shape));
+    }
+    // A key past N_k must get no weight, at a tail of N_k shorter and longer than N_q.
+    for (const auto& [tokens, kv_tokens] : {std::pair<int64_t, int64_t>{130, 17}, {17, 130}}) {
+      const Shape shape{1, 2, tokens, head_dim, attn::DType::fp16, kv_tokens};
+      if (!serves(step, shape)) continue;
+      CAPTURE(shape.str());
+      Run mask;
+      mask.mask_probe = true;
+      require_pass(check_step(step, shape, mask));
+    }
+  }
+}
+
 TEST_CASE("refuses what it does not serve, with a reason naming the flag") {
   const attn::StepInfo& step = step_under_test();
   const attn::DeviceLimits& device = device_under_test();

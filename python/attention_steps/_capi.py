@@ -67,6 +67,7 @@ class StepInfo:
     writes_log_sum_exp: bool  # writes each row's log-sum-exp L (Library.run with log_sum_exp)
     is_backward: bool = False  # a backward step (dQ, dK, dV): listed, not run through the library
     takes_bf16: bool = False  # takes bf16 tensors as well as fp16 (the PyTorch operator's dtype)
+    takes_kv_tokens: bool = False  # serves keys and values of another count (cross-attention)
 
 
 @dataclass(frozen=True)
@@ -92,6 +93,7 @@ class _StepInfoStruct(ctypes.Structure):
         ("writes_log_sum_exp", ctypes.c_int),
         ("is_backward", ctypes.c_int),
         ("takes_bf16", ctypes.c_int),
+        ("takes_kv_tokens", ctypes.c_int),
     ]
 
 
@@ -232,7 +234,8 @@ class Library:
                 uses_workspace=bool(info.uses_workspace),
                 takes_strides=bool(info.takes_strides),
                 writes_log_sum_exp=bool(info.writes_log_sum_exp),
-                is_backward=bool(info.is_backward), takes_bf16=bool(info.takes_bf16)))
+                is_backward=bool(info.is_backward), takes_bf16=bool(info.takes_bf16),
+                takes_kv_tokens=bool(info.takes_kv_tokens)))
         self._steps = tuple(found)
         return found
 

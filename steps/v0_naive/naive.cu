@@ -5,7 +5,8 @@
 // of V's column c. Everything is fp32 in registers; nothing is shared. Each score is
 // recomputed by all D threads of a row, twice: about 2*D times the FLOPs the problem needs,
 // and every Q, K, V element is fetched from global memory (or cache) over and over.
-// It is correct for any N and D, which makes it the yardstick for every later step.
+// It is correct for any N and D, which makes it the yardstick for every later step. The keys and
+// values may be fewer or more than the queries (cross-attention: N_k keys, AttentionArgs::kv_tokens).
 #include <cuda_fp16.h>
 
 #include <cmath>
@@ -18,14 +19,14 @@ namespace {
 constexpr int kThreadsPerBlock = 256;
 
 __global__ void naive_attention_kernel(const __half* q, const __half* k, const __half* v,
-                                       __half* o, int64_t total, int tokens, int head_dim,
-                                       float scale) {
+                                       __half* o, int64_t total, int tokens, int kv_tokens,
+                                       int head_dim, float scale) {
   const int64_t index = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (index >= total) return;
   // index = ((slice * N) + row) * D + column, matching the [B, H, N, D] layout of O.
   const int column = int(index % head_dim);
   const int64_t row_index = index / head_dim;  // slice * N + row
-  const int64_t slice_offset = (row_index / tokens) * int64_t(tokens) * head_dim;
+  const int64_t slice_offset = (row_index / tokens) * int64_t(kv_tokens) * head_dim;  // K's, V's
   const __half* q_row = q + row_index * head_dim;
   const __half* k_slice = k + slice_offset;
   const __half* v_slice = v + slice_offset;
@@ -40,10 +41,10 @@ __global__ void naive_attention_kernel(const __half* q, const __half* k, const _
   };
 
   float row_max = -INFINITY;
-  for (int j = 0; j < tokens; ++j) row_max = fmaxf(row_max, score(j));
+  for (int j = 0; j < kv_tokens; ++j) row_max = fmaxf(row_max, score(j));
 
   float row_sum = 0.0f, weighted = 0.0f;
-  for (int j = 0; j < tokens; ++j) {
+  for (int j = 0; j < kv_tokens; ++j) {
     const float p = expf(score(j) - row_max);
     row_sum += p;
     weighted += p * __half2float(v_slice[int64_t(j) * head_dim + column]);
@@ -57,11 +58,15 @@ void launch_naive(const attn::AttentionArgs& args) {
   const float scale = float(args.scale);
   const unsigned blocks = unsigned((total + kThreadsPerBlock - 1) / kThreadsPerBlock);
   naive_attention_kernel<<<blocks, kThreadsPerBlock, 0, args.stream>>>(
-      args.q, args.k, args.v, args.o, total, args.tokens, args.head_dim, scale);
+      args.q, args.k, args.v, args.o, total, args.tokens, args.kv_tokens, args.head_dim, scale);
   CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace
 
 ATTN_REGISTER_STEP(attn::StepInfo{ATTN_STEP_ID, "naive: one thread per output element",
-                                  {32, 64, 80, 128}, 75, 0, nullptr, launch_naive})
+                                  {32, 64, 80, 128}, 75, 0, nullptr, launch_naive, nullptr,
+                                  attn::StepKind::step, /*takes_strides=*/false,
+                                  /*pipeline_report=*/nullptr, /*writes_log_sum_exp=*/false,
+                                  /*launch_backward=*/nullptr, /*forward_step=*/"",
+                                  {attn::DType::fp16}, /*takes_kv_tokens=*/true})

@@ -14,7 +14,8 @@
 //   - the tail (keys >= N) is masked only in the last K/V tile;
 //   - when asked, each row's log-sum-exp L leaves beside O: the backward pass rebuilds P from it.
 // Serves head dims 32, 64, 80, 128 (multiples of 16, so the fragments tile D exactly), in fp16
-// or bf16 (the kernel is a template on the element type; only the MMA and the packing differ).
+// or bf16 (the kernel is a template on the element type; only the MMA and the packing differ),
+// and N_k keys for N queries (cross-attention: the K/V walk counts N_k, the Q tile N).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -94,7 +95,8 @@ template <typename Element, int kHeadDim, int kWarps, int kRowGroups, int kBlock
 __global__ void __launch_bounds__(32 * kWarps)
     flash_attention_kernel(const Element* __restrict__ q, const Element* __restrict__ k,
                            const Element* __restrict__ v, Element* __restrict__ o,
-                           float* __restrict__ row_lse, int tokens, int row_tiles, float scale_log2) {
+                           float* __restrict__ row_lse, int tokens, int kv_tokens, int row_tiles,
+                           float scale_log2) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
   // cp.async and mma.m16n8k16 need sm_80. A build for an older GPU (sm_75) gets this empty
   // kernel, which never runs: the registration below says 8.0, and the harness refuses below it.
@@ -108,18 +110,20 @@ __global__ void __launch_bounds__(32 * kWarps)
   Element* v_tiles = k_tiles + 2 * kBlockN * T::kStride;  // two stages
 
   const int row_tile = blockIdx.x % row_tiles;  // consecutive blocks share a slice's K and V
-  const int64_t slice_offset = int64_t(blockIdx.x / row_tiles) * tokens * kHeadDim;
+  const int64_t slice = blockIdx.x / row_tiles;
+  const int64_t slice_offset = slice * tokens * kHeadDim;        // of Q and O: N rows a slice
+  const int64_t kv_slice_offset = slice * kv_tokens * kHeadDim;  // of K and V: N_k rows
   const int row0 = row_tile * T::kBlockM;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int group = lane / 4, quad_lane = lane % 4;
   const int warp_row0 = row0 + warp * T::kWarpRows;
-  const int kv_tiles = (tokens + kBlockN - 1) / kBlockN;
+  const int kv_tiles = (kv_tokens + kBlockN - 1) / kBlockN;
 
   // Q and the first K tile in one group, the first V tile in the next.
   load_tile_async<T::kBlockM, kHeadDim, T::kStride, T::kThreads>(q_tile, q + slice_offset, row0, tokens);
-  load_tile_async<kBlockN, kHeadDim, T::kStride, T::kThreads>(k_tiles, k + slice_offset, 0, tokens);
+  load_tile_async<kBlockN, kHeadDim, T::kStride, T::kThreads>(k_tiles, k + kv_slice_offset, 0, kv_tokens);
   cp_async_commit();
-  load_tile_async<kBlockN, kHeadDim, T::kStride, T::kThreads>(v_tiles, v + slice_offset, 0, tokens);
+  load_tile_async<kBlockN, kHeadDim, T::kStride, T::kThreads>(v_tiles, v + kv_slice_offset, 0, kv_tokens);
   cp_async_commit();
 
   uint32_t q_fragments[kRowGroups][T::kDChunks][4];
@@ -134,7 +138,7 @@ __global__ void __launch_bounds__(32 * kWarps)
   for (int tile = 0; tile < kv_tiles; ++tile) {
     const Element* k_tile = k_tiles + (tile % 2) * kBlockN * T::kStride;
     const Element* v_tile = v_tiles + (tile % 2) * kBlockN * T::kStride;
-    const int tile_keys = min(kBlockN, tokens - tile * kBlockN);  // < kBlockN only at the end
+    const int tile_keys = min(kBlockN, kv_tokens - tile * kBlockN);  // < kBlockN only at the end
 
     cp_async_wait<1>();  // K of this tile has landed (V may still be in flight)
     __syncthreads();
@@ -167,7 +171,7 @@ __global__ void __launch_bounds__(32 * kWarps)
     // barrier above). An empty group is committed on the last tile to keep the count.
     if (tile + 1 < kv_tiles) {
       load_tile_async<kBlockN, kHeadDim, T::kStride, T::kThreads>(
-          k_tiles + ((tile + 1) % 2) * kBlockN * T::kStride, k + slice_offset, (tile + 1) * kBlockN, tokens);
+          k_tiles + ((tile + 1) % 2) * kBlockN * T::kStride, k + kv_slice_offset, (tile + 1) * kBlockN, kv_tokens);
     }
     cp_async_commit();
 
@@ -235,7 +239,7 @@ __global__ void __launch_bounds__(32 * kWarps)
 
     if (tile + 1 < kv_tiles) {
       load_tile_async<kBlockN, kHeadDim, T::kStride, T::kThreads>(
-          v_tiles + ((tile + 1) % 2) * kBlockN * T::kStride, v + slice_offset, (tile + 1) * kBlockN, tokens);
+          v_tiles + ((tile + 1) % 2) * kBlockN * T::kStride, v + kv_slice_offset, (tile + 1) * kBlockN, kv_tokens);
     }
     cp_async_commit();
   }
@@ -253,7 +257,7 @@ __global__ void __launch_bounds__(32 * kWarps)
     if constexpr (kWritesLse) {
       const int row = warp_row0 + g * 16 + group + 8 * half;
       if (quad_lane == 0 && row < tokens) {
-        row_lse[int64_t(blockIdx.x / row_tiles) * tokens + row] = log_sum_exp(row_max[r], total, scale_log2);
+        row_lse[slice * tokens + row] = log_sum_exp(row_max[r], total, scale_log2);
       }
     }
     for (int d = 0; d < T::kDTiles; ++d) {
@@ -294,7 +298,7 @@ void launch_flash_for(Tiles<kHeadDim, kWarps, kRowGroups, kBlockN>, const attn::
   kernel<<<unsigned(blocks), T::kThreads, T::kSharedBytes, args.stream>>>(
       reinterpret_cast<const Element*>(args.q), reinterpret_cast<const Element*>(args.k),
       reinterpret_cast<const Element*>(args.v), reinterpret_cast<Element*>(args.o),
-      args.log_sum_exp, args.tokens, row_tiles, scale_log2);
+      args.log_sum_exp, args.tokens, args.kv_tokens, row_tiles, scale_log2);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -354,4 +358,5 @@ ATTN_REGISTER_STEP(attn::StepInfo{ATTN_STEP_ID,
                                   /*takes_strides=*/false, /*pipeline_report=*/nullptr,
                                   /*writes_log_sum_exp=*/true, /*launch_backward=*/nullptr,
                                   /*forward_step=*/"",
-                                  {attn::DType::fp16, attn::DType::bf16}})
+                                  {attn::DType::fp16, attn::DType::bf16},
+                                  /*takes_kv_tokens=*/true})

@@ -109,8 +109,9 @@ int main(void) {
     call.tokens = 64;
     call.head_dim = 64;
     call.kv_tokens = 32;
-    expect_answer(attn_launch("v0", &call, message, sizeof message), ATTN_REFUSED, message,
-                  "cross-attention", "keys and values of another count are refused");
+    expect_answer(attn_launch("v1", &call, message, sizeof message), ATTN_REFUSED, message,
+                  "does not serve --kv-tokens 32",
+                  "keys and values of another count are refused by a step that takes N_k = N");
     call.kv_tokens = 0;
     call.scale = -1.0;
     expect_answer(attn_launch("v0", &call, message, sizeof message), ATTN_REFUSED, message,
@@ -127,6 +128,8 @@ int main(void) {
     if (attn_step_get(i, &info) != ATTN_OK) continue;
     if (strcmp(info.id, "v6") == 0) expect(info.takes_bf16 == 1, "v6 takes bf16 (takes_bf16)", NULL);
     if (strcmp(info.id, "v0") == 0) expect(info.takes_bf16 == 0, "v0 takes fp16 only", NULL);
+    if (strcmp(info.id, "v6") == 0) expect(info.takes_kv_tokens == 1, "v6 serves cross-attention", NULL);
+    if (strcmp(info.id, "v1") == 0) expect(info.takes_kv_tokens == 0, "v1 does not", NULL);
   }
   {
     const attn_strides packed = {197 * 3 * 12 * 64, 64, 3 * 12 * 64};

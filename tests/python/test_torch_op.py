@@ -136,6 +136,20 @@ class EveryStep(Checks):
                     self.assert_close_to_sdpa(q, k, v, out)
                     self.assert_log_sum_exp(q, k, rows)
 
+    def test_cross_attention_where_a_step_serves_it(self):
+        torch.manual_seed(4)
+        servers = [(s, d) for s, d in served_steps() if steps.load_library().step(s).takes_kv_tokens]
+        self.assertTrue(servers, "no step that serves cross-attention runs here")
+        for step, head_dim in servers:
+            for tokens, kv_tokens in ((1, 65), (65, 1), (100, 1050), (130, 17)):
+                with self.subTest(step=step, head_dim=head_dim, tokens=tokens, kv_tokens=kv_tokens):
+                    q = torch.randn(2, 3, tokens, head_dim, device="cuda", dtype=torch.half)
+                    k, v = (torch.randn(2, 3, kv_tokens, head_dim, device="cuda", dtype=torch.half)
+                            for _ in range(2))
+                    out, _ = attention_op(q, k, v, step)
+                    self.assertEqual(tuple(out.shape), tuple(q.shape))
+                    self.assert_close_to_sdpa(q, k, v, out)
+
     def test_log_sum_exp_and_scale(self):
         torch.manual_seed(2)
         writers = [(s, d) for s, d in served_steps()
@@ -421,8 +435,8 @@ class ClearErrors(unittest.TestCase):
     def test_what_no_step_serves_yet(self):
         q = torch.randn(1, 2, 65, 64, device="cuda", dtype=torch.half)
         kv = torch.randn(1, 2, 64, 64, device="cuda", dtype=torch.half)
-        with self.assertRaisesRegex(ValueError, "cross-attention"):
-            attention_op(q, kv, kv, "v6")
+        with self.assertRaisesRegex(ValueError, "does not serve --kv-tokens 64"):
+            attention_op(q, kv, kv, "v1")
         mask = torch.ones(1, 65, device="cuda", dtype=torch.bool)
         with self.assertRaisesRegex(ValueError, "key-padding mask"):
             attention_op(q, q, q, "v6", None, mask)

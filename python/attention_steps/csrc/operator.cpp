@@ -245,6 +245,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_kernel(
                                      {"q", &q}, {"k", &k}, {"v", &v}, {"o", &o}}) {
     check_tensor(name, *tensor, q);
   }
+  TORCH_CHECK_VALUE(k.size(2) == q.size(2), "attention_steps: no backward step serves "
+                    "cross-attention (keys of another count than the queries) yet");
   TORCH_CHECK_VALUE(k.sizes() == q.sizes() && v.sizes() == q.sizes() && o.sizes() == q.sizes() &&
                         d_o.sizes() == q.sizes(),
                     "attention_steps: the backward takes q, k, v, o and d_o of one shape");
