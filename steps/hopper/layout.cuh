@@ -106,23 +106,26 @@ class MNMajorOperand {
 // ---- The tensor maps of a launch (host) --------------------------------------------------------
 
 // Q, K, V and O of an attention launch as tensor maps, each box one swizzled column block wide:
-// Q in boxes of q_rows tokens, K and V of kv_rows, O of o_rows (a warpgroup's rows). The tensors
-// may be views (AttentionArgs' strides): the maps carry the strides.
+// Q in boxes of q_rows tokens, K and V of kv_rows, O of o_rows (a warpgroup's rows). Q and O have
+// N rows a slice, K and V N_k (AttentionArgs::kv_tokens: as many, but in cross-attention). The
+// tensors may be views (AttentionArgs' strides): the maps carry the strides.
 struct AttentionMaps {
   CUtensorMap q, k, v, o;
 };
 template <Swizzle kSwizzle>
 AttentionMaps attention_maps(const attn::AttentionArgs& args, int q_rows, int kv_rows, int o_rows) {
-  const attn::TensorStrides qkv =
+  const attn::TensorStrides q =
       attn::actual_strides(args.qkv_strides, args.heads, args.tokens, args.head_dim);
+  const attn::TensorStrides kv =
+      attn::actual_strides(args.qkv_strides, args.heads, args.kv_tokens, args.head_dim);
   const attn::TensorStrides o =
       attn::actual_strides(args.o_strides, args.heads, args.tokens, args.head_dim);
-  auto map = [&](const void* tensor, attn::TensorStrides strides, int box_rows) {
-    return tensor_map(tensor, args.dtype, args.batch, args.heads, args.tokens, args.head_dim,
-                      strides, box_rows, row_columns(kSwizzle), tensor_map_swizzle(kSwizzle));
+  auto map = [&](const void* tensor, attn::TensorStrides strides, int rows, int box_rows) {
+    return tensor_map(tensor, args.dtype, args.batch, args.heads, rows, args.head_dim, strides,
+                      box_rows, row_columns(kSwizzle), tensor_map_swizzle(kSwizzle));
   };
-  return {map(args.q, qkv, q_rows), map(args.k, qkv, kv_rows), map(args.v, qkv, kv_rows),
-          map(args.o, o, o_rows)};
+  return {map(args.q, q, args.tokens, q_rows), map(args.k, kv, args.kv_tokens, kv_rows),
+          map(args.v, kv, args.kv_tokens, kv_rows), map(args.o, o, args.tokens, o_rows)};
 }
 
 }  // namespace hopper

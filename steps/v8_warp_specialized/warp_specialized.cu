@@ -23,10 +23,11 @@
 //     when asked for, with plain stores, as in v6 and v7).
 //
 // Serves head dims 64 and 128, in fp16 or bf16 (the kernel is a template on the element type,
-// which the tensor maps and the wgmma instructions name; chapter 12). Tile sizes per head dim are
-// chosen by measurement (chapter 10). The rings, wgmma groups and staging buffer are the pieces
-// of steps/hopper/pipeline.cuh, which the checked build (cmake -DATTN_CHECKED_PIPELINE=ON) turns
-// into a checker of the protocol.
+// which the tensor maps and the wgmma instructions name; chapter 12), and N_k keys for N queries
+// (cross-attention: K's and V's maps have N_k rows, the K/V walk counts them). Tile sizes per
+// head dim are chosen by measurement (chapter 10). The rings, wgmma groups and staging buffer are
+// the pieces of steps/hopper/pipeline.cuh, which the checked build (cmake
+// -DATTN_CHECKED_PIPELINE=ON) turns into a checker of the protocol.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -127,7 +128,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
                                       const __grid_constant__ CUtensorMap k_map,
                                       const __grid_constant__ CUtensorMap v_map,
                                       const __grid_constant__ CUtensorMap o_map,
-                                      float* __restrict__ row_lse, int heads, int tokens,
+                                      float* __restrict__ row_lse, int heads, int tokens, int kv_tokens,
                                       int row_tiles, int work_tiles, float scale_log2) {
   constexpr int kHeadDim = T::kHeadDim, kBlockN = T::kBlockN, kStages = T::kStages;
   constexpr int kSwizzleColumns = T::kSwizzleColumns;
@@ -140,7 +141,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
 
   const int warp_group = threadIdx.x / 128;
   const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
-  const int kv_tiles = (tokens + kBlockN - 1) / kBlockN;
+  const int kv_tiles = (kv_tokens + kBlockN - 1) / kBlockN;  // N_k keys: N but in cross-attention
   const hopper::StagingBuffer o_staging(warp_group - 1);  // the consumers' (c = warp_group - 1)
 
   if (threadIdx.x == 0) {
@@ -309,14 +310,14 @@ __global__ void __launch_bounds__(T::kThreads, 1)
 
     q_ring.wait_full(q_use);
 
-    // Visit 0 is the last K/V tile: the only one that can hold keys past N (their K rows are
+    // Visit 0 is the last K/V tile: the only one that can hold keys past N_k (their K rows are
     // TMA's zeros), which get -inf, so p = 0.
     k_ring.wait_full(kv_use);
     issue_scores(kv_use);
     groups.wait<0>();
     hopper::fence_registers(s_acc);
     k_ring.release(kv_use, lane, groups);
-    const int last_tile_keys = tokens - (kv_tiles - 1) * kBlockN;
+    const int last_tile_keys = kv_tokens - (kv_tiles - 1) * kBlockN;
     if (last_tile_keys < kBlockN) {
       for (int i = 0; i < kBlockN / 8; ++i) {
         for (int e = 0; e < 4; ++e) {
@@ -424,8 +425,8 @@ void launch_for(const attn::AttentionArgs& args) {
   if (args.max_persistent_blocks > 0) blocks = std::min(blocks, args.max_persistent_blocks);
   const float scale_log2 = float(M_LOG2E * args.scale);
   kernel<<<blocks, T::kThreads, kSharedBytes<T>, args.stream>>>(
-      maps.q, maps.k, maps.v, maps.o, args.log_sum_exp, args.heads, args.tokens, row_tiles,
-      int(work_tiles), scale_log2);
+      maps.q, maps.k, maps.v, maps.o, args.log_sum_exp, args.heads, args.tokens, args.kv_tokens,
+      row_tiles, int(work_tiles), scale_log2);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -477,4 +478,5 @@ ATTN_REGISTER_STEP(attn::StepInfo{ATTN_STEP_ID,
                                   nullptr, attn::StepKind::step, /*takes_strides=*/true,
                                   hopper::kPipelineReport, /*writes_log_sum_exp=*/true,
                                   /*launch_backward=*/nullptr, /*forward_step=*/"",
-                                  {attn::DType::fp16, attn::DType::bf16}})
+                                  {attn::DType::fp16, attn::DType::bf16},
+                                  /*takes_kv_tokens=*/true})
