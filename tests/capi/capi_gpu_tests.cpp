@@ -44,14 +44,13 @@ struct DeviceProblem {
   explicit DeviceProblem(const attn::Shape& shape, uint64_t seed = 23)
       : inputs(attn::make_inputs(shape, seed)),
         q(std::size_t(shape.elements())),
-        k(std::size_t(shape.elements())),
-        v(std::size_t(shape.elements())),
+        k(std::size_t(shape.kv_elements())),  // N_k rows a slice (cross-attention)
+        v(std::size_t(shape.kv_elements())),
         o(std::size_t(shape.elements())) {
-    const std::size_t bytes = q.bytes();
-    CUDA_CHECK(cudaMemcpy(q.data(), inputs.q.data(), bytes, cudaMemcpyHostToDevice));
-    CUDA_CHECK(cudaMemcpy(k.data(), inputs.k.data(), bytes, cudaMemcpyHostToDevice));
-    CUDA_CHECK(cudaMemcpy(v.data(), inputs.v.data(), bytes, cudaMemcpyHostToDevice));
-    CUDA_CHECK(cudaMemset(o.data(), 0xFF, bytes));
+    CUDA_CHECK(cudaMemcpy(q.data(), inputs.q.data(), q.bytes(), cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(k.data(), inputs.k.data(), k.bytes(), cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(v.data(), inputs.v.data(), v.bytes(), cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemset(o.data(), 0xFF, o.bytes()));
     // The copies and the fill run on the legacy default stream (a pageable upload may return
     // before its data lands), and the steps run on non-blocking streams that do not wait for
     // it: only this makes the inputs and the NaN poison be there when a step reads them.
@@ -310,6 +309,7 @@ attn_launch_args launch_args_for(DeviceProblem& problem, cudaStream_t stream) {
   call.batch = problem.shape().batch;
   call.heads = problem.shape().heads;
   call.tokens = problem.shape().tokens;
+  call.kv_tokens = problem.shape().kv_tokens;  // 0: as many as the queries
   call.head_dim = problem.shape().head_dim;
   call.stream = stream;
   return call;
@@ -375,15 +375,32 @@ TEST_CASE("scale: the scores multiplied by another factor, checked as 1/sqrt(D) 
   }
 }
 
-TEST_CASE("what no step serves yet is refused by every step: cross-attention, a key-padding mask") {
+TEST_CASE("cross-attention: run where the step serves it (takes_kv_tokens), refused elsewhere") {
+  for (const int64_t kv_tokens : {int64_t(130), int64_t(17)}) {  // more keys than queries, fewer
+    const attn::Shape shape{1, 2, 65, head_dims().front(), attn::DType::fp16, kv_tokens};
+    CAPTURE(shape.str());
+    DeviceProblem problem(shape);
+    char message[1024] = "";
+    attn_launch_args call = launch_args_for(problem, nullptr);
+    const int status = attn_launch(step.id, &call, message, sizeof message);
+    INFO("attn_launch: " << message);
+    CUDA_CHECK(cudaDeviceSynchronize());
+    if (step.takes_kv_tokens) {
+      REQUIRE(status == ATTN_OK);
+      require_pass(problem.check());
+    } else {
+      CHECK(status == ATTN_REFUSED);
+      CHECK(contains(message, "--kv-tokens " + std::to_string(kv_tokens)));
+      CHECK_FALSE(problem.check().passed);  // O untouched: still NaN
+    }
+  }
+}
+
+TEST_CASE("what no step serves yet is refused by every step: a key-padding mask") {
   const attn::Shape shape{1, 2, 65, head_dims().front()};
   DeviceProblem problem(shape);
   char message[1024] = "";
   attn_launch_args call = launch_args_for(problem, nullptr);
-  call.kv_tokens = 64;
-  CHECK(attn_launch(step.id, &call, message, sizeof message) == ATTN_REFUSED);
-  CHECK(contains(message, "cross-attention"));
-  call.kv_tokens = 0;
   call.key_padding_mask = problem.q.data();
   CHECK(attn_launch(step.id, &call, message, sizeof message) == ATTN_REFUSED);
   CHECK(contains(message, "key-padding mask"));
