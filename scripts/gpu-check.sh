@@ -14,7 +14,9 @@
 #              the shipped steps break no protocol rule                  -> checked.log
 #   planted    scripts/plant_bugs.py --run-only on the copies built in PLANTED_DIR: every planted
 #              bug is caught by the normal suite or the checked build    -> planted.csv, planted.txt
-#   sanitizer  memcheck + racecheck on every stepN at tail shapes (D = 64, 80, 128)      -> sanitizer.log, sanitizer/
+#   sanitizer  memcheck + racecheck on every stepN at tail shapes (D = 64, 80, 128), and at D = 64
+#              in bf16 and with 130 keys for 65 queries (cross-attention) where the step takes
+#              them (n/a with its refusal where not)                   -> sanitizer.log, sanitizer/
 #   bench      N = 197,577,1025 (all steps, baselines), then N = 2049..16385 for the steps
 #              with no N limit (v0 excluded)                             -> bench_vit.csv, bench_long.csv
 #   lse        the forward with and without L, the log-sum-exp a backward pass needs (bench and
@@ -395,6 +397,12 @@ stage_sanitizer() {
     for tool in memcheck racecheck; do
       while [ "$(jobs -rp | wc -l)" -ge "$SANITIZER_JOBS" ]; do wait -n || true; done
       sanitize_one "$sanitizer" "$binary" "$tool" "N65_B2_H3_D64" "$results" --tokens 65 &
+      # bf16 and cross-attention at D = 64: a step that does not take them refuses (n/a, with
+      # its reason), so every step is asked.
+      while [ "$(jobs -rp | wc -l)" -ge "$SANITIZER_JOBS" ]; do wait -n || true; done
+      sanitize_one "$sanitizer" "$binary" "$tool" "N65_B2_H3_D64_bf16" "$results" --tokens 65 --dtype bf16 &
+      while [ "$(jobs -rp | wc -l)" -ge "$SANITIZER_JOBS" ]; do wait -n || true; done
+      sanitize_one "$sanitizer" "$binary" "$tool" "N65_Nk130_B2_H3_D64" "$results" --tokens 65 --kv-tokens 130 &
       for shape in "${extra_shapes[@]}"; do
         read -r head_dim tokens <<< "$shape"
         serves=yes  # unknown: try it, a refusal (exit 2) is n/a
