@@ -349,11 +349,12 @@ sanitize_one() {
     > "$log" 2>&1 || rc=$?
   local clean_line='ERROR SUMMARY: 0 errors'
   [ "$tool" = racecheck ] && clean_line='RACECHECK SUMMARY: 0 hazards'
-  # Exit 2 with the step's one-line refusal: a head dim or N it does not serve, or a GPU outside
-  # its compute capability range. Nothing ran, so there is nothing to check: n/a, with the reason.
+  # The step's one-line refusal (exit 2; compute-sanitizer reports it as 255 on the H100): a
+  # head dim, N, dtype or N_k it does not serve, or a GPU outside its compute capability range.
+  # Nothing ran, so there is nothing to check: n/a, with the reason.
   local refusal
   refusal=$(grep -m 1 -E "^$step: .*(does not serve|needs a GPU of compute capability)" "$log" || true)
-  if [ "$rc" -eq 2 ] && [ -n "$refusal" ]; then
+  if [ "$rc" -ne 0 ] && [ -n "$refusal" ]; then
     result="n/a (refused: ${refusal#"$step: "})"
   elif [ "$rc" -eq 0 ] && grep -q "$clean_line" "$log"; then
     result="clean"
