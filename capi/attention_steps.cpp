@@ -381,6 +381,7 @@ int attn_step_get(int index, attn_step_info* info) {
     info->takes_bf16 = std::find(step.dtypes.begin(), step.dtypes.end(), attn::DType::bf16) !=
                                step.dtypes.end() ? 1 : 0;
     info->takes_kv_tokens = step.takes_kv_tokens ? 1 : 0;
+    info->takes_key_padding_mask = step.takes_key_padding_mask ? 1 : 0;
   });
 }
 
@@ -487,9 +488,8 @@ void launch_call(const char* id, const attn_launch_args& call) {
                     "cross-attention takes contiguous tensors"};
     }
   }
-  if (call.key_padding_mask != nullptr) {
-    throw Refused{"no step serves a key-padding mask yet: key_padding_mask must be NULL"};
-  }
+  // A mask is part of the problem: a step that takes none refuses it, naming --key-padding.
+  shape.key_padding = call.key_padding_mask != nullptr;
   if (call.log_sum_exp != nullptr && !step.writes_log_sum_exp) {
     throw Refused{step.id + " does not write L (the log-sum-exp); steps that do have "
                   "writes_log_sum_exp in their info"};
@@ -507,6 +507,10 @@ void launch_call(const char* id, const attn_launch_args& call) {
   const int device = check_run(step, shape, call.q, call.k, call.v, call.o, call.stream,
                                args.qkv_strides, args.o_strides, call.log_sum_exp, query_cuda);
   args.log_sum_exp = static_cast<float*>(call.log_sum_exp);
+  if (call.key_padding_mask != nullptr) {
+    check_pointer("key_padding_mask", call.key_padding_mask, device, query_cuda);
+    args.key_padding_mask = static_cast<const uint8_t*>(call.key_padding_mask);
+  }
   with_workspace(step, shape, device, call.workspace, call.workspace_bytes, query_cuda, call.stream,
                  {call.q, call.k, call.v, call.o}, std::size_t(shape.elements()) * sizeof(__half),
                  [&](void* workspace) {

@@ -64,6 +64,7 @@ typedef struct attn_step_info {
   int is_backward;             /* 1 for a backward step (dQ, dK, dV): listed, not run here */
   int takes_bf16;              /* 1 when it takes dtype ATTN_DTYPE_BF16 as well as fp16 */
   int takes_kv_tokens;         /* 1 when it serves kv_tokens != tokens (cross-attention) */
+  int takes_key_padding_mask;  /* 1 when it honours attn_launch_args::key_padding_mask */
 } attn_step_info;
 
 /* The strides, in elements, of a [B, H, N, D] view whose rows of D values are contiguous:
@@ -161,7 +162,9 @@ typedef struct attn_launch_args {
   /* Keys and values per (b, h), N_k; 0 means `tokens`. Another count is cross-attention: k and
    * v are then contiguous [B, H, N_k, D], for a step whose info has takes_kv_tokens. */
   int64_t kv_tokens;
-  /* Must be NULL: no step serves a key-padding mask yet. */
+  /* NULL, or [B, N_k] bytes on the device, nonzero where a key is padding (PyTorch's bool
+   * key_padding_mask): those keys get no weight, and a row with no key left is O = 0 (L = -inf).
+   * For a step whose info has takes_key_padding_mask; the others refuse it. */
   const void* key_padding_mask;
   /* Strides of views, as attn_run_strided takes them; all zero (or the contiguous strides) means
    * contiguous [B, H, N, D], which every step takes. */

@@ -2,6 +2,7 @@
 
 #include <cuda_bf16.h>
 
+#include <algorithm>
 #include <cmath>
 
 namespace attn {
@@ -35,6 +36,20 @@ HostTensors sized_inputs(const Shape& shape) {
   inputs.q.resize(std::size_t(shape.elements()));
   inputs.k.resize(std::size_t(shape.kv_elements()));
   inputs.v.resize(std::size_t(shape.kv_elements()));
+  if (shape.key_padding) {
+    const int64_t keys = shape.keys();
+    const int64_t columns = int64_t(std::ceil(std::sqrt(double(keys))));
+    const int64_t rows = (keys + columns - 1) / columns;
+    inputs.key_padding_mask.resize(std::size_t(shape.batch * keys));
+    for (int64_t b = 0; b < shape.batch; ++b) {
+      const int64_t kept_columns = std::max<int64_t>(1, columns - 1 - b % 3);
+      const int64_t kept_rows = std::max<int64_t>(1, rows - (b + 1) % 2);
+      for (int64_t j = 0; j < keys; ++j) {
+        inputs.key_padding_mask[std::size_t(b * keys + j)] =
+            (j % columns >= kept_columns || j / columns >= kept_rows) ? 1 : 0;
+      }
+    }
+  }
   return inputs;
 }
 

@@ -69,7 +69,7 @@ void validate_shape(const Shape& shape) {
 std::string step_usage(const std::string& program) {
   return "usage: " + program +
          " [--tokens N | --image PX [--patch P]] [--batch B] [--heads H] [--head-dim D]\n"
-         "       [--kv-tokens N_k] [--dtype fp16|bf16] [--iters I] [--warmup W] [--seed S] [--check sample|full|none]\n"
+         "       [--kv-tokens N_k] [--key-padding] [--dtype fp16|bf16] [--iters I] [--warmup W] [--seed S] [--check sample|full|none]\n"
          "       [--format text|json|csv] [--device K] [--no-ceilings] [--deterministic]\n"
          "\n"
          "Runs one attention step, O = softmax(Q K^T / sqrt(D)) V on fp16 [B, H, N, D] tensors,\n"
@@ -82,6 +82,8 @@ std::string step_usage(const std::string& program) {
          "  --head-dim D     head dimension (default 64)\n"
          "  --kv-tokens N_k  keys and values per (b, h), for cross-attention (default: N, as\n"
          "                   many as the queries); the steps that serve it: 0, 6, 8\n"
+         "  --key-padding    a [B, N_k] key-padding mask with the inputs (keys it marks get no\n"
+         "                   weight; drawn as a DETR batch pads its images): steps 0 and 6\n"
          "  --dtype T        element type of Q, K, V and O: fp16 (default) or bf16, for the\n"
          "                   steps that take it (steps 6, 8, 9); the others refuse bf16\n"
          "  --iters I        timed runs (default: up to 50 within about 2 s)\n"
@@ -114,6 +116,10 @@ StepOptions parse_step_options(int argc, const char* const* argv) {
     }
     if (flag == "--deterministic") {
       options.deterministic = true;
+      continue;
+    }
+    if (flag == "--key-padding") {
+      options.shape.key_padding = true;
       continue;
     }
     if (flag.rfind("--", 0) != 0) throw UsageError("unexpected argument '" + flag + "'");

@@ -17,7 +17,9 @@ constexpr double unit_roundoff(DType dtype) { return dtype == DType::bf16 ? 0x1.
 
 // `tokens` (N) is the number of queries. Keys and values are as many (self-attention) unless
 // kv_tokens says otherwise (cross-attention, as a DETR decoder's 100 queries attend to an image's
-// 1050 positions): then Q and O are [B, H, N, D] and K and V [B, H, N_k, D].
+// 1050 positions): then Q and O are [B, H, N, D] and K and V [B, H, N_k, D]. key_padding: a
+// [B, N_k] mask comes with the inputs, and the keys it marks get no weight (as PyTorch's
+// key_padding_mask: images of different sizes padded to one, their padding marked).
 struct Shape {
   int64_t batch = 32;
   int64_t heads = 12;
@@ -25,6 +27,7 @@ struct Shape {
   int64_t head_dim = 64;
   DType dtype = DType::fp16;
   int64_t kv_tokens = 0;  // N_k; 0 means N
+  bool key_padding = false;
 
   int64_t keys() const { return kv_tokens > 0 ? kv_tokens : tokens; }  // N_k
   bool cross() const { return keys() != tokens; }

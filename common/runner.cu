@@ -314,6 +314,13 @@ RunResult run_step(const StepInfo& step, const HostTensors& inputs, const Refere
   upload(device_sets[0].q.data(), inputs.q, shape.dtype);
   upload(device_sets[0].k.data(), inputs.k, shape.dtype);
   upload(device_sets[0].v.data(), inputs.v, shape.dtype);
+  // The key-padding mask, one for every buffer set (it is B * N_k bytes).
+  DeviceBuffer<uint8_t> key_padding_mask(inputs.key_padding_mask.size());
+  if (!inputs.key_padding_mask.empty()) {
+    CUDA_CHECK(cudaMemcpy(key_padding_mask.data(), inputs.key_padding_mask.data(),
+                          key_padding_mask.bytes(), cudaMemcpyHostToDevice));
+  }
+  const uint8_t* padding = inputs.key_padding_mask.empty() ? nullptr : key_padding_mask.data();
   for (int s = 1; s < sets; ++s) {
     for (auto member : {&DeviceSet::q, &DeviceSet::k, &DeviceSet::v}) {
       CUDA_CHECK(cudaMemcpy((device_sets[s].*member).data(), (device_sets[0].*member).data(),
@@ -335,6 +342,7 @@ RunResult run_step(const StepInfo& step, const HostTensors& inputs, const Refere
   CUDA_CHECK(cudaMemsetAsync(device_sets[0].o.data(), 0xFF, count * sizeof(__half), stream));
   AttentionArgs checked_args =
       args_for(device_sets[0], shape, workspace.data(), stream, config.max_persistent_blocks);
+  checked_args.key_padding_mask = padding;
   if (check_log_sum_exp) {
     CUDA_CHECK(cudaMemsetAsync(log_sum_exp.data(), 0xFF, log_sum_exp.bytes(), stream));
     checked_args.log_sum_exp = log_sum_exp.data();
@@ -349,6 +357,7 @@ RunResult run_step(const StepInfo& step, const HostTensors& inputs, const Refere
     }
     workspace.abandon();
     log_sum_exp.abandon();
+    key_padding_mask.abandon();
   };
   synchronize_or_remember(stream, checked_run_limit_seconds(shape), abandon_buffers);
   download(result.output, device_sets[0].o.data(), count, shape.dtype);
@@ -357,7 +366,7 @@ RunResult run_step(const StepInfo& step, const HostTensors& inputs, const Refere
     if (check_all_slices) {
       DeviceBuffer<float> gpu_reference(count), gpu_reference_rows(check_log_sum_exp ? rows : 0);
       launch_gpu_reference(device_sets[0].q.data(), device_sets[0].k.data(),
-                           device_sets[0].v.data(), gpu_reference.data(),
+                           device_sets[0].v.data(), padding, gpu_reference.data(),
                            check_log_sum_exp ? gpu_reference_rows.data() : nullptr, shape, stream);
       synchronize_or_remember(stream, checked_run_limit_seconds(shape), [&] {
         abandon_buffers();
@@ -394,6 +403,7 @@ RunResult run_step(const StepInfo& step, const HostTensors& inputs, const Refere
           [&](int run) {
             AttentionArgs args = args_for(device_sets[run % sets], shape, workspace.data(), stream,
                                           config.max_persistent_blocks);
+            args.key_padding_mask = padding;
             args.log_sum_exp = timed_rows.data();  // nullptr unless asked
             step.launch(args);
             CUDA_CHECK_LAUNCH();

@@ -51,6 +51,9 @@ std::optional<std::string> StepInfo::refuses(const Shape& shape) const {
     for (DType dtype : dtypes) served += (served.empty() ? "" : ", ") + dtype_name(dtype);
     return id + " does not serve --dtype " + dtype_name(shape.dtype) + " (it takes " + served + ")";
   }
+  if (shape.key_padding && !takes_key_padding_mask) {
+    return id + " does not serve --key-padding (it takes no key-padding mask)";
+  }
   if (shape.cross() && !takes_kv_tokens) {
     return id + " does not serve --kv-tokens " + std::to_string(shape.keys()) +
            " (it serves self-attention: as many keys as queries, " + std::to_string(shape.tokens) + ")";
@@ -79,7 +82,8 @@ std::optional<std::string> StepInfo::refuses(const Shape& shape, const DeviceLim
   if (auto reason = refuses_device(device)) return reason;
   const Shape probe{shape.batch, shape.heads, std::min(shape.tokens, kLargestTokensProbed),
                     shape.head_dim, shape.dtype,
-                    shape.cross() ? std::min(shape.keys(), kLargestTokensProbed) : 0};
+                    shape.cross() ? std::min(shape.keys(), kLargestTokensProbed) : 0,
+                    shape.key_padding};
   const std::size_t needed = shared_bytes_for(probe);
   if (needed <= device.shared_bytes_per_block) return std::nullopt;
   const std::string needs = "it needs " + std::to_string(needed) +

@@ -40,6 +40,9 @@ struct AttentionArgs {
   const __half* v = nullptr;
   __half* o = nullptr;
   DType dtype = DType::fp16;
+  // [B, N_k] bytes, 1 where a key is padding and gets no weight, or nullptr (none), for a step
+  // whose StepInfo says takes_key_padding_mask. A row with no key left: O = 0, L = -inf.
+  const uint8_t* key_padding_mask = nullptr;
   // [B, H, N] fp32, or nullptr: each row's L = log(sum_j exp(s_j)) of its scaled scores
   // s = q K^T / sqrt(D), what a backward pass needs to rebuild P. Written by a step whose StepInfo
   // says writes_log_sum_exp when not null; the inference path leaves it null and pays nothing.
@@ -177,6 +180,7 @@ struct StepInfo {
   std::string forward_step = "";  // a backward step's forward: the step that writes its O and L
   std::vector<DType> dtypes = {DType::fp16};  // the element types it takes (AttentionArgs::dtype)
   bool takes_kv_tokens = false;  // serves N_k != N (cross-attention: AttentionArgs::kv_tokens)
+  bool takes_key_padding_mask = false;  // honours AttentionArgs::key_padding_mask
 
   // Why this step refuses the shape on any GPU (a head dim or a dtype it does not serve), in one
   // line that names the flag; nothing if it serves it.

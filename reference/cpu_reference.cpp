@@ -21,13 +21,25 @@ RowMatrix load_slice(const std::vector<__half>& tensor, int64_t rows, int64_t d,
 }
 
 // Rows [row_begin, row_end) of O for one slice, written into out (N x D row-major), and their
-// log-sum-exp into log_sum_exp (N values).
-void attend_rows(const RowMatrix& q, const RowMatrix& k, const RowMatrix& v, int64_t row_begin,
-                 int64_t row_end, double* out, double* log_sum_exp) {
+// log-sum-exp into log_sum_exp (N values). `padding` (N_k values, or nullptr): keys marked 1 get
+// no weight. A row whose keys are all padding has no weights at all: its O is 0 and its L -inf
+// (the log of an empty sum), the definition every step that takes a mask follows.
+void attend_rows(const RowMatrix& q, const RowMatrix& k, const RowMatrix& v, const uint8_t* padding,
+                 int64_t row_begin, int64_t row_end, double* out, double* log_sum_exp) {
   const double scale = 1.0 / std::sqrt(double(q.cols()));
   RowMatrix scores = (q.middleRows(row_begin, row_end - row_begin) * k.transpose()) * scale;
+  if (padding != nullptr) {
+    for (int64_t j = 0; j < scores.cols(); ++j) {
+      if (padding[j] != 0) scores.col(j).setConstant(-INFINITY);
+    }
+  }
   for (int64_t r = 0; r < scores.rows(); ++r) {
     const double row_max = scores.row(r).maxCoeff();
+    if (row_max == -INFINITY) {  // every key is padding
+      scores.row(r).setZero();
+      log_sum_exp[row_begin + r] = -INFINITY;
+      continue;
+    }
     scores.row(r) = (scores.row(r).array() - row_max).exp().matrix();
     const double row_sum = scores.row(r).sum();
     log_sum_exp[row_begin + r] = row_max + std::log(row_sum);
@@ -66,7 +78,11 @@ Reference compute_reference(const HostTensors& inputs, const std::vector<int64_t
         v = load_slice(inputs.v, shape.keys(), d, slices[which]);
         loaded = which;
       }
-      attend_rows(q, k, v, block * kRowBlock, std::min(n, (block + 1) * kRowBlock),
+      const uint8_t* padding =
+          inputs.key_padding_mask.empty()
+              ? nullptr
+              : inputs.key_padding_mask.data() + (slices[which] / shape.heads) * shape.keys();
+      attend_rows(q, k, v, padding, block * kRowBlock, std::min(n, (block + 1) * kRowBlock),
                   reference.output[which].data(), reference.log_sum_exp[which].data());
     }
   });

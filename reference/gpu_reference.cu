@@ -34,8 +34,9 @@ __device__ double warp_sum(double value) {
 // the scores and columns l, l + 32, ... of O.
 template <typename Element>
 __global__ void reference_attention_fp64(const Element* q, const Element* k, const Element* v,
-                                         float* out, float* log_sum_exp, int64_t rows_total,
-                                         int tokens, int kv_tokens, int head_dim, double scale) {
+                                         const uint8_t* padding, float* out, float* log_sum_exp,
+                                         int64_t rows_total, int tokens, int kv_tokens, int heads,
+                                         int head_dim, double scale) {
   __shared__ double q_rows[kWarpsPerBlock][kGpuReferenceMaxHeadDim];
   const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
   const int64_t row_index = int64_t(blockIdx.x) * kWarpsPerBlock + warp;
@@ -43,11 +44,15 @@ __global__ void reference_attention_fp64(const Element* q, const Element* k, con
   const int64_t slice_offset = (row_index / tokens) * int64_t(kv_tokens) * head_dim;  // of K, V
   const Element* k_slice = k + slice_offset;
   const Element* v_slice = v + slice_offset;
+  // The batch element's [N_k] padding row (1: no weight), or none.
+  const uint8_t* key_padding =
+      padding == nullptr ? nullptr : padding + (row_index / tokens / heads) * int64_t(kv_tokens);
   double* q_row = q_rows[warp];
   for (int c = lane; c < head_dim; c += kWarpSize) q_row[c] = to_double(q[row_index * head_dim + c]);
   __syncwarp();
 
   auto score = [&](int key) {
+    if (key_padding != nullptr && key_padding[key] != 0) return -double(INFINITY);
     const Element* k_row = k_slice + int64_t(key) * head_dim;
     double dot = 0.0;
     for (int c = 0; c < head_dim; ++c) dot += q_row[c] * to_double(k_row[c]);
@@ -57,6 +62,11 @@ __global__ void reference_attention_fp64(const Element* q, const Element* k, con
   double row_max = -INFINITY;
   for (int key = lane; key < kv_tokens; key += kWarpSize) row_max = fmax(row_max, score(key));
   row_max = warp_max(row_max);
+  if (row_max == -INFINITY) {  // every key is padding: O = 0, L = -inf (cpu_reference.hpp)
+    if (log_sum_exp != nullptr && lane == 0) log_sum_exp[row_index] = -INFINITY;
+    for (int c = lane; c < head_dim; c += kWarpSize) out[row_index * head_dim + c] = 0.0f;
+    return;
+  }
 
   // Keys in chunks of 32: lane l computes p for key chunk + l, then every lane adds each of the
   // chunk's 32 p_j v_j to its columns of O.
@@ -262,8 +272,9 @@ void launch_gpu_backward_reference(const __half* q, const __half* k, const __hal
   });
 }
 
-void launch_gpu_reference(const __half* q, const __half* k, const __half* v, float* out,
-                          float* log_sum_exp, const Shape& shape, cudaStream_t stream) {
+void launch_gpu_reference(const __half* q, const __half* k, const __half* v,
+                          const uint8_t* key_padding_mask, float* out, float* log_sum_exp,
+                          const Shape& shape, cudaStream_t stream) {
   check_head_dim(shape);
   const int64_t rows_total = shape.slices() * shape.tokens;
   const int64_t blocks = (rows_total + kWarpsPerBlock - 1) / kWarpsPerBlock;
@@ -271,8 +282,9 @@ void launch_gpu_reference(const __half* q, const __half* k, const __half* v, flo
     using Element = decltype(element);
     reference_attention_fp64<<<unsigned(blocks), kWarpsPerBlock * kWarpSize, 0, stream>>>(
         reinterpret_cast<const Element*>(q), reinterpret_cast<const Element*>(k),
-        reinterpret_cast<const Element*>(v), out, log_sum_exp, rows_total, int(shape.tokens),
-        int(shape.keys()), int(shape.head_dim), 1.0 / std::sqrt(double(shape.head_dim)));
+        reinterpret_cast<const Element*>(v), key_padding_mask, out, log_sum_exp, rows_total,
+        int(shape.tokens), int(shape.keys()), int(shape.heads), int(shape.head_dim),
+        1.0 / std::sqrt(double(shape.head_dim)));
     CUDA_CHECK_LAUNCH();
   });
 }

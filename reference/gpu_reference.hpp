@@ -18,6 +18,7 @@
 #include <cuda_runtime.h>
 
 #include <cstddef>
+#include <cstdint>
 
 #include "problem.hpp"
 
@@ -28,8 +29,11 @@ namespace attn {
 // tensors of shape.dtype (fp16, or bf16 behind the same pointer type, as AttentionArgs has them) into `out` (device, [B, H, N, D] fp32), on `stream`. Any N >= 1, D <= 256.
 // `log_sum_exp` (device, [B, H, N] fp32, or nullptr) receives each row's L = log(sum_j exp(s_j)),
 // s = q K^T / sqrt(D).
-void launch_gpu_reference(const __half* q, const __half* k, const __half* v, float* out,
-                          float* log_sum_exp, const Shape& shape, cudaStream_t stream);
+// `key_padding_mask` (device, [B, N_k] bytes, 1: padding; or nullptr): those keys get no
+// weight, and a row with none left is O = 0, L = -inf, as in the CPU reference.
+void launch_gpu_reference(const __half* q, const __half* k, const __half* v,
+                          const uint8_t* key_padding_mask, float* out, float* log_sum_exp,
+                          const Shape& shape, cudaStream_t stream);
 
 constexpr int kGpuReferenceMaxHeadDim = 256;
 

@@ -87,6 +87,8 @@ TEST_SUITE("cli") {
     CHECK(parse({}).shape.keys() == 197);  // self-attention unless --kv-tokens
     CHECK(parse({"--tokens", "100", "--kv-tokens", "1050"}).shape.keys() == 1050);
     CHECK(parse({"--tokens", "100", "--kv-tokens", "1050"}).shape.cross());
+    CHECK_FALSE(parse({}).shape.key_padding);
+    CHECK(parse({"--key-padding"}).shape.key_padding);
   }
 
   TEST_CASE("bad input: exit 2, one line on stderr naming the flag") {
@@ -121,6 +123,7 @@ TEST_SUITE("cli") {
         {{"--device", "-1"}, "--device: -1 is too small"},
         {{"--dtype", "fp8"}, "--dtype: 'fp8' is not one of fp16, bf16"},
         {{"--kv-tokens", "0"}, "--kv-tokens: 0 is too small"},
+        {{"--key-padding"}, "does not serve --key-padding (it takes no key-padding mask)"},
         {{"--kv-tokens", "65"}, "does not serve --kv-tokens 65 (it serves self-attention"},
         {{"--dtype", "bf16"}, "does not serve --dtype bf16 (it takes fp16)"},
         {{"--dtype", "bf16", "--format", "csv"}, "has no dtype column"},

@@ -1,6 +1,7 @@
 // The fp64 Eigen reference against the definition written as plain loops.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -14,6 +15,12 @@ using attn::Shape;
 
 double at(const std::vector<__half>& t, int64_t i) { return double(__half2float(t[i])); }
 
+// Whether key j of a slice is padding (the inputs' key-padding mask, if any).
+bool padded(const HostTensors& in, int64_t slice, int64_t j) {
+  return !in.key_padding_mask.empty() &&
+         in.key_padding_mask[std::size_t((slice / in.shape.heads) * in.shape.keys() + j)] != 0;
+}
+
 // softmax(Q K^T / sqrt(D)) V for one slice, straight from the formula (long double, stable):
 // N query rows, N_k keys (as many unless the shape says otherwise).
 std::vector<double> plain_attention(const HostTensors& in, int64_t slice) {
@@ -26,9 +33,10 @@ std::vector<double> plain_attention(const HostTensors& in, int64_t slice) {
     for (int64_t j = 0; j < n_k; ++j) {
       long double dot = 0;
       for (int64_t c = 0; c < d; ++c) dot += at(in.q, base + i * d + c) * at(in.k, kv_base + j * d + c);
-      s[j] = dot / std::sqrt((long double)d);
+      s[j] = padded(in, slice, j) ? -INFINITY : dot / std::sqrt((long double)d);
       row_max = std::max(row_max, s[j]);
     }
+    if (row_max == -INFINITY) continue;  // every key is padding: O stays 0
     long double sum = 0;
     for (int64_t j = 0; j < n_k; ++j) sum += (s[j] = std::exp(s[j] - row_max));
     for (int64_t c = 0; c < d; ++c) {
@@ -50,7 +58,7 @@ std::vector<double> plain_log_sum_exp(const HostTensors& in, int64_t slice) {
     for (int64_t j = 0; j < n_k; ++j) {
       long double dot = 0;
       for (int64_t c = 0; c < d; ++c) dot += at(in.q, base + i * d + c) * at(in.k, kv_base + j * d + c);
-      sum += std::exp(dot / std::sqrt((long double)d));  // no overflow in long double's range
+      if (!padded(in, slice, j)) sum += std::exp(dot / std::sqrt((long double)d));  // no overflow in long double
     }
     out[i] = double(std::log(sum));
   }
@@ -81,6 +89,26 @@ TEST_SUITE("reference") {
       CHECK(max_difference(reference.output[1], plain_attention(inputs, shape.slices() - 1)) < 1e-12);
       CHECK(max_difference(reference.log_sum_exp[0], plain_log_sum_exp(inputs, 0)) < 1e-12);
       CHECK(max_difference(reference.log_sum_exp[1], plain_log_sum_exp(inputs, shape.slices() - 1)) < 1e-12);
+    }
+  }
+
+  TEST_CASE("a key-padding mask: padded keys get no weight; a row with none left is O = 0, L = -inf") {
+    for (Shape shape : {Shape{3, 2, 17, 64}, Shape{2, 1, 65, 32, attn::DType::fp16, 130}}) {
+      shape.key_padding = true;
+      CAPTURE(shape.str());
+      HostTensors inputs = attn::make_inputs(shape, 9);
+      REQUIRE(inputs.key_padding_mask.size() == std::size_t(shape.batch * shape.keys()));
+      int64_t padding = 0;
+      for (uint8_t value : inputs.key_padding_mask) padding += value;
+      CHECK(padding > 0);  // the drawn mask pads something
+      CHECK(inputs.key_padding_mask[0] == 0);  // and keeps key 0 of every batch element
+      std::fill(inputs.key_padding_mask.begin(), inputs.key_padding_mask.begin() + shape.keys(), 1);
+      const int64_t last = shape.slices() - 1;  // batch 0 is all padding now, the last is not
+      const attn::Reference reference = attn::compute_reference(inputs, {0, last});
+      CHECK(max_difference(reference.output[1], plain_attention(inputs, last)) < 1e-12);
+      CHECK(max_difference(reference.log_sum_exp[1], plain_log_sum_exp(inputs, last)) < 1e-12);
+      for (double value : reference.output[0]) CHECK(value == 0.0);
+      for (double value : reference.log_sum_exp[0]) CHECK(value == -INFINITY);
     }
   }
 

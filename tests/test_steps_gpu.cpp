@@ -254,6 +254,45 @@ TEST_CASE("cross-attention, where the step serves it: N_q and N_k apart, the tai
   }
 }
 
+TEST_CASE("key-padding mask, where the step takes it: padded keys get no weight, in self- and cross-attention") {
+  const attn::StepInfo& step = step_under_test();
+  if (!step.takes_key_padding_mask) {
+    Shape padded{1, 1, 64, 64};
+    padded.key_padding = true;
+    const auto reason = step.refuses(padded, device_under_test());
+    REQUIRE(reason.has_value());  // the refusal is the test
+    CHECK(reason->find("--key-padding") != std::string::npos);
+    return;
+  }
+  const std::pair<int64_t, int64_t> sizes[] = {{1, 1},  {17, 17},  {65, 65},   {130, 130},
+                                               {197, 197}, {65, 130}, {100, 1050}};
+  for (int head_dim : step.head_dims) {
+    for (const auto& [tokens, kv_tokens] : sizes) {
+      Shape shape{3, 2, tokens, head_dim, attn::DType::fp16, kv_tokens};
+      shape.key_padding = true;
+      if (!serves(step, shape)) continue;
+      CAPTURE(shape.str());
+      require_pass(check_step(step, shape));
+    }
+    // A batch element whose keys are all padding: its rows are O = 0 and L = -inf.
+    Shape shape{2, 2, 130, head_dim, attn::DType::fp16, 0};
+    shape.key_padding = true;
+    if (!serves(step, shape)) continue;
+    CAPTURE(shape.str());
+    attn::HostTensors inputs = attn::make_inputs(shape, 31);
+    std::fill(inputs.key_padding_mask.begin(), inputs.key_padding_mask.begin() + shape.keys(), 1);
+    const attn::Reference reference =
+        attn::compute_reference(inputs, attn::slices_to_check(shape, CheckMode::full, 31));
+    attn::RunConfig config;
+    config.time = false;
+    const attn::RunResult run = attn::run_step(step, inputs, &reference, config);
+    require_pass(run.check);
+    for (int64_t i = 0; i < shape.heads * shape.tokens * shape.head_dim; ++i) {  // batch 0
+      REQUIRE(__half2float(run.output[std::size_t(i)]) == 0.0f);
+    }
+  }
+}
+
 TEST_CASE("refuses what it does not serve, with a reason naming the flag") {
   const attn::StepInfo& step = step_under_test();
   const attn::DeviceLimits& device = device_under_test();

@@ -68,6 +68,7 @@ class StepInfo:
     is_backward: bool = False  # a backward step (dQ, dK, dV): listed, not run through the library
     takes_bf16: bool = False  # takes bf16 tensors as well as fp16 (the PyTorch operator's dtype)
     takes_kv_tokens: bool = False  # serves keys and values of another count (cross-attention)
+    takes_key_padding_mask: bool = False  # honours a [B, N_k] key-padding mask
 
 
 @dataclass(frozen=True)
@@ -94,6 +95,7 @@ class _StepInfoStruct(ctypes.Structure):
         ("is_backward", ctypes.c_int),
         ("takes_bf16", ctypes.c_int),
         ("takes_kv_tokens", ctypes.c_int),
+        ("takes_key_padding_mask", ctypes.c_int),
     ]
 
 
@@ -235,7 +237,8 @@ class Library:
                 takes_strides=bool(info.takes_strides),
                 writes_log_sum_exp=bool(info.writes_log_sum_exp),
                 is_backward=bool(info.is_backward), takes_bf16=bool(info.takes_bf16),
-                takes_kv_tokens=bool(info.takes_kv_tokens)))
+                takes_kv_tokens=bool(info.takes_kv_tokens),
+                takes_key_padding_mask=bool(info.takes_key_padding_mask)))
         self._steps = tuple(found)
         return found
 

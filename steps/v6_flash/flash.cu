@@ -84,19 +84,28 @@ __device__ __forceinline__ void load_tile_async(Element* tile, const Element* sl
 
 // ---- The kernel -----------------------------------------------------------------------------
 
+// The score of a key the mask marks as padding (kMasked): lower than any real score can be, and
+// finite, so a row whose keys so far are all padding still has a maximum, and exp2(s scale -
+// max scale) is exactly exp2(0) for them (2^100 times the scale is exact: a power of two). Such
+// a row's P is thrown away as soon as a real key raises the maximum (its correction is
+// exp2(-huge) = 0); a row that never meets one is written as O = 0, L = -inf.
+constexpr float kPaddedScore = -0x1p100f;
+
 // One block: kBlockM query rows of one (b, h) slice; warp w owns kWarpRows of them, as
 // kRowGroups groups of 16. Fragment layout of mma.m16n8k16 (PTX ISA): lane = 4*group +
 // quad_lane; an accumulator holds rows `group` and `group + 8`, columns 2*quad_lane and
 // 2*quad_lane + 1 of its 16x8 tile, so each row's values are spread over a quad of 4 lanes.
 // A lane therefore tracks 2 * kRowGroups rows; index r = 2 * row_group + half. kWritesLse: the
 // epilogue also writes each row's L to row_lse (a separate kernel, so the inference one is
-// unchanged; see launch_flash_for).
-template <typename Element, int kHeadDim, int kWarps, int kRowGroups, int kBlockN, bool kWritesLse>
+// unchanged; see launch_flash_for). kMasked: key_padding ([B, N_k] bytes, 1: padding) marks keys
+// that get no weight (a separate kernel too).
+template <typename Element, int kHeadDim, int kWarps, int kRowGroups, int kBlockN, bool kWritesLse,
+          bool kMasked>
 __global__ void __launch_bounds__(32 * kWarps)
     flash_attention_kernel(const Element* __restrict__ q, const Element* __restrict__ k,
                            const Element* __restrict__ v, Element* __restrict__ o,
-                           float* __restrict__ row_lse, int tokens, int kv_tokens, int row_tiles,
-                           float scale_log2) {
+                           float* __restrict__ row_lse, const uint8_t* __restrict__ key_padding,
+                           int heads, int tokens, int kv_tokens, int row_tiles, float scale_log2) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
   // cp.async and mma.m16n8k16 need sm_80. A build for an older GPU (sm_75) gets this empty
   // kernel, which never runs: the registration below says 8.0, and the harness refuses below it.
@@ -186,6 +195,22 @@ __global__ void __launch_bounds__(32 * kWarps)
       }
     }
 
+    // Keys the mask marks as padding (kMasked): kPaddedScore.
+    if constexpr (kMasked) {
+      const uint8_t* padding = key_padding + (slice / heads) * kv_tokens + tile * kBlockN;
+      for (int n = 0; n < T::kKeyTiles; ++n) {
+        for (int column = 0; column < 2; ++column) {
+          const int key = n * 8 + 2 * quad_lane + column;
+          if (key < tile_keys && padding[key] != 0) {
+            for (int g = 0; g < kRowGroups; ++g) {
+              s_acc[g][n][column] = kPaddedScore;
+              s_acc[g][n][column + 2] = kPaddedScore;
+            }
+          }
+        }
+      }
+    }
+
     // BEGIN EXERCISE: the online softmax update for this tile
     for (int r = 0; r < kRows; ++r) {  // row group r / 2; half r % 2: row `group` or `group + 8`
       const int g = r / 2, half = r % 2;
@@ -253,11 +278,13 @@ __global__ void __launch_bounds__(32 * kWarps)
     float total = row_sum[r];
     total += __shfl_xor_sync(0xffffffffu, total, 1);
     total += __shfl_xor_sync(0xffffffffu, total, 2);
-    const float inverse = 1.0f / total;
+    // A row whose keys were all padding: O = 0, L = -inf (the reference's definition).
+    const bool no_key = kMasked && row_max[r] == kPaddedScore;
+    const float inverse = no_key ? 0.0f : 1.0f / total;
     if constexpr (kWritesLse) {
       const int row = warp_row0 + g * 16 + group + 8 * half;
       if (quad_lane == 0 && row < tokens) {
-        row_lse[slice * tokens + row] = log_sum_exp(row_max[r], total, scale_log2);
+        row_lse[slice * tokens + row] = no_key ? -INFINITY : log_sum_exp(row_max[r], total, scale_log2);
       }
     }
     for (int d = 0; d < T::kDTiles; ++d) {
@@ -283,12 +310,15 @@ __global__ void __launch_bounds__(32 * kWarps)
 template <typename Element, int kHeadDim, int kWarps, int kRowGroups, int kBlockN>
 void launch_flash_for(Tiles<kHeadDim, kWarps, kRowGroups, kBlockN>, const attn::AttentionArgs& args) {
   using T = Tiles<kHeadDim, kWarps, kRowGroups, kBlockN>;
-  // Two kernels, not one with `if (row_lse != nullptr)`: that test, though never taken on the
-  // inference path, changed the register allocation of the whole kernel and cost it up to 11%
-  // at D = 128 on the H100 (chapter 07).
-  auto kernel = args.log_sum_exp != nullptr
-                    ? flash_attention_kernel<Element, kHeadDim, kWarps, kRowGroups, kBlockN, true>
-                    : flash_attention_kernel<Element, kHeadDim, kWarps, kRowGroups, kBlockN, false>;
+  // Separate kernels, not one with `if (row_lse != nullptr)`: that test, though never taken on
+  // the inference path, changed the register allocation of the whole kernel and cost it up to
+  // 11% at D = 128 on the H100 (chapter 07). The mask gets kernels of its own for the same reason.
+  const bool lse = args.log_sum_exp != nullptr, masked = args.key_padding_mask != nullptr;
+  auto kernel =
+      lse ? (masked ? flash_attention_kernel<Element, kHeadDim, kWarps, kRowGroups, kBlockN, true, true>
+                    : flash_attention_kernel<Element, kHeadDim, kWarps, kRowGroups, kBlockN, true, false>)
+          : (masked ? flash_attention_kernel<Element, kHeadDim, kWarps, kRowGroups, kBlockN, false, true>
+                    : flash_attention_kernel<Element, kHeadDim, kWarps, kRowGroups, kBlockN, false, false>);
   CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                   int(T::kSharedBytes)));
   const int row_tiles = (args.tokens + T::kBlockM - 1) / T::kBlockM;
@@ -298,7 +328,8 @@ void launch_flash_for(Tiles<kHeadDim, kWarps, kRowGroups, kBlockN>, const attn::
   kernel<<<unsigned(blocks), T::kThreads, T::kSharedBytes, args.stream>>>(
       reinterpret_cast<const Element*>(args.q), reinterpret_cast<const Element*>(args.k),
       reinterpret_cast<const Element*>(args.v), reinterpret_cast<Element*>(args.o),
-      args.log_sum_exp, args.tokens, args.kv_tokens, row_tiles, scale_log2);
+      args.log_sum_exp, args.key_padding_mask, args.heads, args.tokens, args.kv_tokens, row_tiles,
+      scale_log2);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -359,4 +390,4 @@ ATTN_REGISTER_STEP(attn::StepInfo{ATTN_STEP_ID,
                                   /*writes_log_sum_exp=*/true, /*launch_backward=*/nullptr,
                                   /*forward_step=*/"",
                                   {attn::DType::fp16, attn::DType::bf16},
-                                  /*takes_kv_tokens=*/true})
+                                  /*takes_kv_tokens=*/true, /*takes_key_padding_mask=*/true})

@@ -396,16 +396,27 @@ TEST_CASE("cross-attention: run where the step serves it (takes_kv_tokens), refu
   }
 }
 
-TEST_CASE("what no step serves yet is refused by every step: a key-padding mask") {
-  const attn::Shape shape{1, 2, 65, head_dims().front()};
+TEST_CASE("a key-padding mask: honoured where the step takes it, refused elsewhere") {
+  attn::Shape shape{2, 2, 65, head_dims().front()};
+  shape.key_padding = true;
   DeviceProblem problem(shape);
+  attn::DeviceBuffer<uint8_t> mask(problem.inputs.key_padding_mask.size());
+  CUDA_CHECK(cudaMemcpy(mask.data(), problem.inputs.key_padding_mask.data(), mask.bytes(),
+                        cudaMemcpyHostToDevice));
   char message[1024] = "";
   attn_launch_args call = launch_args_for(problem, nullptr);
-  call.key_padding_mask = problem.q.data();
-  CHECK(attn_launch(step.id, &call, message, sizeof message) == ATTN_REFUSED);
-  CHECK(contains(message, "key-padding mask"));
+  call.key_padding_mask = mask.data();
+  const int status = attn_launch(step.id, &call, message, sizeof message);
+  INFO("attn_launch: " << message);
   CUDA_CHECK(cudaDeviceSynchronize());
-  CHECK_FALSE(problem.check().passed);  // O untouched: still NaN
+  if (step.takes_key_padding_mask) {
+    REQUIRE(status == ATTN_OK);
+    require_pass(problem.check());  // against the reference with the same mask
+  } else {
+    CHECK(status == ATTN_REFUSED);
+    CHECK(contains(message, "--key-padding"));
+    CHECK_FALSE(problem.check().passed);  // O untouched: still NaN
+  }
 }
 
 TEST_CASE("misuse is refused with status 2 and a reason, and nothing is launched") {

@@ -16,7 +16,9 @@
     and a compiled training step without a graph break;
   - bf16: the steps that take it (v6 forward, v9 backward) with bf16's tolerances, and a model
     trained under torch.autocast(bfloat16) through the SDPA entry point;
-  - the clear errors: a backward no step serves, cross-attention, a key-padding mask, a dtype.
+  - cross-attention and a key-padding mask, where a step serves them, against SDPA;
+  - the clear errors: a backward no step serves, cross-attention or a mask a step does not take,
+    a dtype.
 
 Needs the operator built (pip install --no-build-isolation ./python) and a CUDA device; exit 77
 (ctest: skipped) without torch, a GPU, or the operator, saying which.
@@ -88,6 +90,13 @@ class Checks(unittest.TestCase):
         self.assertLessEqual((error.norm() / reference.norm()).item(), 4 * u)
         self.assertLessEqual(error.abs().max().item(), 4 * u * v.abs().max().item())
 
+    def assert_close_to_sdpa_masked(self, q, k, v, out, attend):
+        reference = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=attend)
+        error = out.float() - reference
+        self.assertTrue(torch.isfinite(out).all())
+        self.assertLessEqual((error.norm() / reference.norm()).item(), 4 * UNIT_ROUNDOFF)
+        self.assertLessEqual(error.abs().max().item(), 4 * UNIT_ROUNDOFF * v.abs().max().item())
+
     def assert_log_sum_exp(self, q, k, rows, scale=None):
         scale = q.shape[-1] ** -0.5 if scale is None else scale
         expected = torch.logsumexp(scale * (q.double() @ k.double().transpose(-1, -2)), dim=-1)
@@ -149,6 +158,29 @@ class EveryStep(Checks):
                     out, _ = attention_op(q, k, v, step)
                     self.assertEqual(tuple(out.shape), tuple(q.shape))
                     self.assert_close_to_sdpa(q, k, v, out)
+
+    def test_key_padding_mask_where_a_step_takes_it(self):
+        torch.manual_seed(7)
+        takers = [(s, d) for s, d in served_steps()
+                  if steps.load_library().step(s).takes_key_padding_mask]
+        self.assertTrue(takers, "no step that takes a key-padding mask runs here")
+        for step, head_dim in takers:
+            for tokens, kv_tokens in ((65, 65), (100, 1050), (17, 130)):
+                with self.subTest(step=step, head_dim=head_dim, tokens=tokens, kv_tokens=kv_tokens):
+                    q = torch.randn(3, 2, tokens, head_dim, device="cuda", dtype=torch.half)
+                    k, v = (torch.randn(3, 2, kv_tokens, head_dim, device="cuda", dtype=torch.half)
+                            for _ in range(2))
+                    # Batch 0 keeps every key, batch 1 a prefix and some holes, batch 2 none.
+                    mask = torch.zeros(3, kv_tokens, device="cuda", dtype=torch.bool)
+                    mask[1, kv_tokens // 2:] = True
+                    mask[1, 1::3] = True
+                    mask[1, 0] = False
+                    mask[2] = True
+                    out, rows = attention_op(q, k, v, step, None, mask, True)
+                    attend = ~mask[:2, None, None, :]  # SDPA's boolean mask: True takes part
+                    self.assert_close_to_sdpa_masked(q[:2], k[:2], v[:2], out[:2], attend)
+                    self.assertTrue(torch.equal(out[2], torch.zeros_like(out[2])))
+                    self.assertTrue(torch.isneginf(rows[2]).all())
 
     def test_log_sum_exp_and_scale(self):
         torch.manual_seed(2)
@@ -438,8 +470,12 @@ class ClearErrors(unittest.TestCase):
         with self.assertRaisesRegex(ValueError, "does not serve --kv-tokens 64"):
             attention_op(q, kv, kv, "v1")
         mask = torch.ones(1, 65, device="cuda", dtype=torch.bool)
-        with self.assertRaisesRegex(ValueError, "key-padding mask"):
-            attention_op(q, q, q, "v6", None, mask)
+        with self.assertRaisesRegex(ValueError, "does not serve --key-padding"):
+            attention_op(q, q, q, "v1", None, mask)
+        with self.assertRaisesRegex(TypeError, "torch.bool"):
+            attention_op(q, q, q, "v6", None, mask.to(torch.uint8))
+        with self.assertRaisesRegex(ValueError, r"\[B, N_k\]"):
+            attention_op(q, q, q, "v6", None, mask[:, :64])
 
     def test_tensor_checks(self):
         q = torch.randn(1, 2, 65, 64, device="cuda", dtype=torch.half)

@@ -219,8 +219,20 @@ std::tuple<at::Tensor, at::Tensor> attention_kernel(const at::Tensor& q, const a
   call.tokens = tokens;
   call.head_dim = head_dim;
   call.kv_tokens = k.size(2);
-  call.key_padding_mask =
-      key_padding_mask.has_value() && key_padding_mask->defined() ? key_padding_mask->data_ptr() : nullptr;
+  at::Tensor padding;  // [B, N_k] bool, contiguous: the C ABI's bytes
+  if (key_padding_mask.has_value() && key_padding_mask->defined()) {
+    const at::Tensor& mask = *key_padding_mask;
+    TORCH_CHECK_TYPE(mask.scalar_type() == at::kBool, "attention_steps: key_padding_mask is ",
+                     mask.scalar_type(), "; it must be torch.bool (True: padding)");
+    TORCH_CHECK_VALUE(mask.dim() == 2 && mask.size(0) == batch && mask.size(1) == k.size(2),
+                      "attention_steps: key_padding_mask must be [B, N_k] = [",
+                      std::to_string(batch), ", ", std::to_string(k.size(2)), "]; it has shape ",
+                      shape_text(mask));
+    TORCH_CHECK_VALUE(mask.device() == q.device(), "attention_steps: key_padding_mask is on ",
+                      mask.device(), ", q on ", q.device());
+    padding = mask.contiguous();
+    call.key_padding_mask = padding.data_ptr();
+  }
   if (strides) call.qkv_strides = *strides;
   if (facts.takes_strides) call.o_strides = attn_strides{tokens * heads * head_dim, head_dim, heads * head_dim};
   call.scale = scale.value_or(0.0);
@@ -300,6 +312,7 @@ class AttentionFunction : public torch::autograd::Function<AttentionFunction> {
     context->save_for_backward({q, k, v, o, log_sum_exp});
     context->saved_data["step"] = step;
     context->saved_data["scale"] = scale.has_value() ? c10::IValue(*scale) : c10::IValue();
+    context->saved_data["masked"] = key_padding_mask.has_value() && key_padding_mask->defined();
     context->mark_non_differentiable({log_sum_exp});
     return {o, log_sum_exp};
   }
@@ -309,6 +322,9 @@ class AttentionFunction : public torch::autograd::Function<AttentionFunction> {
     const auto saved = context->get_saved_variables();
     const at::Tensor &q = saved[0], &k = saved[1], &v = saved[2], &o = saved[3], &lse = saved[4];
     const std::string step = context->saved_data["step"].toStringRef();
+    TORCH_CHECK_NOT_IMPLEMENTED(!context->saved_data["masked"].toBool(), "attention_steps: no "
+                                "backward step serves a key-padding mask yet; train with "
+                                "torch.nn.functional.scaled_dot_product_attention");
     const std::optional<std::string> backward = backward_step_for(q.size(3));
     TORCH_CHECK_NOT_IMPLEMENTED(backward.has_value(), "attention_steps: no backward step serves "
                                 "head dim ", std::to_string(q.size(3)), "; train with "
