@@ -60,6 +60,8 @@ BUGS = [
         [("o_acc[g][d][2 * half] *= correction;", ";", 1)]),
     Bug("v6maskignored", V6, "keys the key-padding mask marks keep their scores",
         [("if (key < tile_keys && padding[key] != 0) {", "if (false) {", 1)]),
+    Bug("v8maskignored", V8, "keys the key-padding mask marks keep their scores",
+        [("if (key < tile_keys && padding[key] != 0) {", "if (false) {", 1)]),
     Bug("v6nonorm", V6, "O not divided by the row sum",
         [("const float inverse = no_key ? 0.0f : 1.0f / total;",
           "const float inverse = no_key ? 0.0f : 1.0f;", 1)]),
@@ -74,7 +76,7 @@ BUGS = [
     Bug("v8norescale", V8, "O not rescaled when the row max grows",
         [("o_acc[4 * d + 2 * half] *= correction[half];", ";", 1)]),
     Bug("v8nonorm", V8, "O not divided by the row sum",
-        [("inverse[half] = 1.0f / total;", "inverse[half] = 1.0f;", 1)]),
+        [("inverse[half] = no_key ? 0.0f : 1.0f / total;", "inverse[half] = no_key ? 0.0f : 1.0f;", 1)]),
     Bug("v8maskoffbyone", V8, "the mask admits one key past N",
         [("e % 2 >= last_tile_keys)", "e % 2 > last_tile_keys)", 1)], target=KEY_MASK_TEST),
     # L for the backward pass, from the lane's share of the row sum instead of the quad's.

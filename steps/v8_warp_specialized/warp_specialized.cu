@@ -122,13 +122,18 @@ __device__ __forceinline__ WorkTile work_tile(int index, int row_tiles, int head
 // row lane/4 of its warp's 16 ("half" 0) and that row + 8 (half 1), a quarter of their columns.
 // kWritesLse: the epilogue also writes each row's L to row_lse (a kernel of its own, as in v6).
 // Element: __half or __nv_bfloat16, the type the tensor maps and the wgmma instructions name.
-template <typename T, bool kWritesLse, typename Element>
+// kMasked: key_padding ([B, N_k] bytes, 1: padding) marks keys that get no weight, as in v6
+// (kPaddedScore), a kernel of its own too.
+constexpr float kPaddedScore = -0x1p100f;  // below any real score, and exact times the scale
+template <typename T, bool kWritesLse, typename Element, bool kMasked>
 __global__ void __launch_bounds__(T::kThreads, 1)
     warp_specialized_attention_kernel(const __grid_constant__ CUtensorMap q_map,
                                       const __grid_constant__ CUtensorMap k_map,
                                       const __grid_constant__ CUtensorMap v_map,
                                       const __grid_constant__ CUtensorMap o_map,
-                                      float* __restrict__ row_lse, int heads, int tokens, int kv_tokens,
+                                      float* __restrict__ row_lse,
+                                      const uint8_t* __restrict__ key_padding, int heads,
+                                      int tokens, int kv_tokens,
                                       int row_tiles, int work_tiles, float scale_log2) {
   constexpr int kHeadDim = T::kHeadDim, kBlockN = T::kBlockN, kStages = T::kStages;
   constexpr int kSwizzleColumns = T::kSwizzleColumns;
@@ -298,6 +303,22 @@ __global__ void __launch_bounds__(T::kThreads, 1)
                         pairwise(sums, [](float a, float b) { return a + b; });
       }
     };
+    // Keys of K/V tile kv_tile that the mask marks as padding (kMasked): kPaddedScore.
+    auto mask_padding = [&](int kv_tile) {
+      if constexpr (kMasked) {
+        const uint8_t* padding = key_padding + int64_t(tile.batch) * kv_tokens + kv_tile * kBlockN;
+        const int tile_keys = min(kBlockN, kv_tokens - kv_tile * kBlockN);
+        for (int i = 0; i < kBlockN / 8; ++i) {
+          for (int column = 0; column < 2; ++column) {
+            const int key = 8 * i + 2 * quad_lane + column;
+            if (key < tile_keys && padding[key] != 0) {
+              s_acc[4 * i + column] = kPaddedScore;
+              s_acc[4 * i + column + 2] = kPaddedScore;
+            }
+          }
+        }
+      }
+    };
     // P in fp16 (or bf16), laid out as wgmma's A operand (two 8-key accumulator blocks per 16-key step).
     auto pack_probabilities = [&]() {
       for (int step = 0; step < T::kKeySteps; ++step) {
@@ -325,6 +346,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
         }
       }
     }
+    mask_padding(kv_tiles - 1);
     softmax();  // O is still zero: nothing to correct
     pack_probabilities();
 
@@ -341,6 +363,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       groups.wait<1>();  // S is ready; P V may still run
       hopper::fence_registers(s_acc);
       k_ring.release(kv_use + i, lane, groups);
+      mask_padding(kv_tiles - 1 - i);
       softmax();
       await_output();  // now the V buffer is free, and O and P may change
       v_ring.release(kv_use + i - 1, lane, groups);
@@ -368,12 +391,14 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       float total = row_sum[half];
       total += __shfl_xor_sync(0xffffffffu, total, 1);
       total += __shfl_xor_sync(0xffffffffu, total, 2);
-      inverse[half] = 1.0f / total;
+      // A row whose keys were all padding: O = 0, L = -inf (the reference's definition).
+      const bool no_key = kMasked && row_max[half] == kPaddedScore;
+      inverse[half] = no_key ? 0.0f : 1.0f / total;
       if constexpr (kWritesLse) {
         const int row = my_row0 + warp * 16 + lane / 4 + 8 * half;
         if (quad_lane == 0 && row < tokens) {
           row_lse[(int64_t(tile.batch) * heads + tile.head) * tokens + row] =
-              hopper::log_sum_exp(row_max[half], total, scale_log2);
+              no_key ? -INFINITY : hopper::log_sum_exp(row_max[half], total, scale_log2);
         }
       }
     }
@@ -411,8 +436,11 @@ void launch_for(const attn::AttentionArgs& args) {
   // Q in work tiles of rows, K and V in tiles of keys, O in a consumer's 64 rows (views too).
   const hopper::AttentionMaps maps =
       hopper::attention_maps<T::kSwizzle>(args, T::kBlockM, T::kBlockN, 64);
-  auto kernel = args.log_sum_exp != nullptr ? warp_specialized_attention_kernel<T, true, Element>
-                                             : warp_specialized_attention_kernel<T, false, Element>;
+  const bool lse = args.log_sum_exp != nullptr, masked = args.key_padding_mask != nullptr;
+  auto kernel = lse ? (masked ? warp_specialized_attention_kernel<T, true, Element, true>
+                              : warp_specialized_attention_kernel<T, true, Element, false>)
+                    : (masked ? warp_specialized_attention_kernel<T, false, Element, true>
+                              : warp_specialized_attention_kernel<T, false, Element, false>);
   CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                   int(kSharedBytes<T>)));
   int device = 0, sm_count = 0;
@@ -425,8 +453,8 @@ void launch_for(const attn::AttentionArgs& args) {
   if (args.max_persistent_blocks > 0) blocks = std::min(blocks, args.max_persistent_blocks);
   const float scale_log2 = float(M_LOG2E * args.scale);
   kernel<<<blocks, T::kThreads, kSharedBytes<T>, args.stream>>>(
-      maps.q, maps.k, maps.v, maps.o, args.log_sum_exp, args.heads, args.tokens, args.kv_tokens,
-      row_tiles, int(work_tiles), scale_log2);
+      maps.q, maps.k, maps.v, maps.o, args.log_sum_exp, args.key_padding_mask, args.heads,
+      args.tokens, args.kv_tokens, row_tiles, int(work_tiles), scale_log2);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -479,4 +507,4 @@ ATTN_REGISTER_STEP(attn::StepInfo{ATTN_STEP_ID,
                                   hopper::kPipelineReport, /*writes_log_sum_exp=*/true,
                                   /*launch_backward=*/nullptr, /*forward_step=*/"",
                                   {attn::DType::fp16, attn::DType::bf16},
-                                  /*takes_kv_tokens=*/true})
+                                  /*takes_kv_tokens=*/true, /*takes_key_padding_mask=*/true})
