@@ -69,8 +69,9 @@ void validate_shape(const Shape& shape) {
 std::string step_usage(const std::string& program) {
   return "usage: " + program +
          " [--tokens N | --image PX [--patch P]] [--batch B] [--heads H] [--head-dim D]\n"
-         "       [--kv-tokens N_k] [--key-padding] [--dtype fp16|bf16] [--iters I] [--warmup W] [--seed S] [--check sample|full|none]\n"
-         "       [--format text|json|csv] [--device K] [--no-ceilings] [--deterministic]\n"
+         "       [--kv-tokens N_k] [--key-padding] [--dtype fp16|bf16] [--iters I] [--warmup W]\n"
+         "       [--seed S] [--check sample|full|none] [--format text|json|csv] [--device K]\n"
+         "       [--no-ceilings] [--deterministic]\n"
          "\n"
          "Runs one attention step, O = softmax(Q K^T / sqrt(D)) V on fp16 [B, H, N, D] tensors,\n"
          "checks it against the fp64 CPU reference and reports its time.\n"
@@ -83,7 +84,7 @@ std::string step_usage(const std::string& program) {
          "  --kv-tokens N_k  keys and values per (b, h), for cross-attention (default: N, as\n"
          "                   many as the queries); the steps that serve it: 0, 6, 8\n"
          "  --key-padding    a [B, N_k] key-padding mask with the inputs (keys it marks get no\n"
-         "                   weight; drawn as a DETR batch pads its images): steps 0 and 6\n"
+         "                   weight; drawn as a DETR batch pads its images): steps 6 and 8\n"
          "  --dtype T        element type of Q, K, V and O: fp16 (default) or bf16, for the\n"
          "                   steps that take it (steps 6, 8, 9); the others refuse bf16\n"
          "  --iters I        timed runs (default: up to 50 within about 2 s)\n"
