@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "cuda_check.hpp"
+#include "element_type.hpp"
 
 namespace attn {
 namespace {
@@ -237,16 +238,6 @@ std::size_t gpu_backward_reference_scratch_bytes(const Shape& shape) {
   return 2 * std::size_t(shape.slices() * shape.tokens) * sizeof(double);
 }
 
-// Calls body(element) with a value of the element type shape.dtype names.
-template <typename Body>
-void with_element_type(const Shape& shape, Body&& body) {
-  if (shape.dtype == DType::bf16) {
-    body(__nv_bfloat16{});
-  } else {
-    body(__half{});
-  }
-}
-
 void launch_gpu_backward_reference(const __half* q, const __half* k, const __half* v,
                                    const __half* d_o, float* dq, float* dk, float* dv,
                                    double* row_stats, const Shape& shape, double scale,
@@ -255,7 +246,7 @@ void launch_gpu_backward_reference(const __half* q, const __half* k, const __hal
   if (shape.cross()) throw CudaError("the GPU backward reference serves self-attention (N_k = N) only");
   const int64_t rows_total = shape.slices() * shape.tokens;
   const unsigned blocks = unsigned((rows_total + kWarpsPerBlock - 1) / kWarpsPerBlock);
-  with_element_type(shape, [&](auto element) {
+  with_element_type(shape.dtype, [&](auto element) {
     using Element = decltype(element);
     const auto* q_in = reinterpret_cast<const Element*>(q);
     const auto* k_in = reinterpret_cast<const Element*>(k);
@@ -278,7 +269,7 @@ void launch_gpu_reference(const __half* q, const __half* k, const __half* v,
   check_head_dim(shape);
   const int64_t rows_total = shape.slices() * shape.tokens;
   const int64_t blocks = (rows_total + kWarpsPerBlock - 1) / kWarpsPerBlock;
-  with_element_type(shape, [&](auto element) {
+  with_element_type(shape.dtype, [&](auto element) {
     using Element = decltype(element);
     reference_attention_fp64<<<unsigned(blocks), kWarpsPerBlock * kWarpSize, 0, stream>>>(
         reinterpret_cast<const Element*>(q), reinterpret_cast<const Element*>(k),

@@ -25,6 +25,7 @@
 #include <string>
 
 #include "cuda_check.hpp"
+#include "element_type.hpp"
 #include "step.hpp"
 #include "v6_flash/fragment_math.cuh"
 #include "v6_flash/warp_mma.cuh"
@@ -365,11 +366,9 @@ void with_tile_shape(int64_t head_dim, Body&& body) {
 
 void launch_flash(const attn::AttentionArgs& args) {
   with_tile_shape(args.head_dim, [&](auto tiles) {
-    if (args.dtype == attn::DType::bf16) {
-      launch_flash_for<__nv_bfloat16>(tiles, args);
-    } else {
-      launch_flash_for<__half>(tiles, args);
-    }
+    attn::with_element_type(args.dtype, [&](auto element) {
+      launch_flash_for<decltype(element)>(tiles, args);
+    });
   });
 }
 

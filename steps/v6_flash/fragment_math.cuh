@@ -27,6 +27,24 @@ __device__ __forceinline__ uint32_t pack_pair(float low, float high) {
   }
 }
 
+// One value of Element from a float, and a packed pair of them back to floats.
+template <typename Element>
+__device__ __forceinline__ Element from_float(float value) {
+  if constexpr (std::is_same_v<Element, __nv_bfloat16>) {
+    return __float2bfloat16(value);
+  } else {
+    return __float2half(value);
+  }
+}
+template <typename Element>
+__device__ __forceinline__ float2 unpack_pair(uint32_t bits) {
+  if constexpr (std::is_same_v<Element, __nv_bfloat16>) {
+    return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&bits));
+  } else {
+    return __half22float2(*reinterpret_cast<const __half2*>(&bits));
+  }
+}
+
 // ex2.approx: one special-function instruction; exp(x) is fast_exp2(x * log2(e)), with log2(e)
 // folded into the softmax's scale.
 __device__ __forceinline__ float fast_exp2(float x) {

@@ -37,6 +37,7 @@
 #include <string>
 
 #include "cuda_check.hpp"
+#include "element_type.hpp"
 #include "hopper/hopper.cuh"
 #include "step.hpp"
 
@@ -483,11 +484,9 @@ void with_tile_shape(int64_t head_dim, Body&& body) {
 
 void launch_warp_specialized(const attn::AttentionArgs& args) {
   with_tile_shape(args.head_dim, [&](auto tiles) {
-    if (args.dtype == attn::DType::bf16) {
-      launch_for<__nv_bfloat16, decltype(tiles)>(args);
-    } else {
-      launch_for<__half, decltype(tiles)>(args);
-    }
+    attn::with_element_type(args.dtype, [&](auto element) {
+      launch_for<decltype(element), decltype(tiles)>(args);
+    });
   });
 }
 

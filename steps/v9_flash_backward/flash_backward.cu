@@ -28,9 +28,9 @@
 #include <cstdint>
 #include <stdexcept>
 #include <string>
-#include <type_traits>
 
 #include "cuda_check.hpp"
+#include "element_type.hpp"
 #include "step.hpp"
 #include "v6_flash/fragment_math.cuh"
 #include "v6_flash/warp_mma.cuh"
@@ -42,7 +42,9 @@
 namespace {
 
 using fragment_math::fast_exp2;
+using fragment_math::from_float;
 using fragment_math::pack_pair;
+using fragment_math::unpack_pair;
 using warp_mma::cp_async_16;
 using warp_mma::cp_async_commit;
 using warp_mma::cp_async_wait;
@@ -51,24 +53,6 @@ using warp_mma::ldmatrix_x4_trans;
 using warp_mma::mma_16x8x16;
 
 constexpr float kLog2e = 1.4426950408889634f;
-
-// One value of Element (__half or __nv_bfloat16) from a float, and a packed pair back to floats.
-template <typename Element>
-__device__ __forceinline__ Element from_float(float value) {
-  if constexpr (std::is_same_v<Element, __nv_bfloat16>) {
-    return __float2bfloat16(value);
-  } else {
-    return __float2half(value);
-  }
-}
-template <typename Element>
-__device__ __forceinline__ float2 unpack_pair(uint32_t bits) {
-  if constexpr (std::is_same_v<Element, __nv_bfloat16>) {
-    return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&bits));
-  } else {
-    return __half22float2(*reinterpret_cast<const __half2*>(&bits));
-  }
-}
 
 // ---- Tile geometry --------------------------------------------------------------------------
 
@@ -566,11 +550,9 @@ void with_tile_shape(int64_t head_dim, Body&& body) {
 
 void launch_flash_backward(const attn::BackwardArgs& args) {
   with_tile_shape(args.head_dim, [&](auto tiles) {
-    if (args.dtype == attn::DType::bf16) {
-      launch_for<__nv_bfloat16, decltype(tiles)>(args);
-    } else {
-      launch_for<__half, decltype(tiles)>(args);
-    }
+    attn::with_element_type(args.dtype, [&](auto element) {
+      launch_for<decltype(element), decltype(tiles)>(args);
+    });
   });
 }
 
