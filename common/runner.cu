@@ -200,6 +200,7 @@ BackwardRunResult run_backward_step(const StepInfo& step, const HostTensors& inp
   AttentionArgs forward_args = attention_args(shape, q.data(), k.data(), v.data(), o.data(),
                                               forward_workspace.data(), stream);
   forward_args.log_sum_exp = log_sum_exp.data();
+  if (forward->pipeline_report != nullptr) forward->pipeline_report();  // a clean record
   forward->launch(forward_args);
   CUDA_CHECK_LAUNCH();
   BackwardArgs args;
@@ -224,6 +225,7 @@ BackwardRunResult run_backward_step(const StepInfo& step, const HostTensors& inp
   for (__half* gradient : {dq.data(), dk.data(), dv.data()}) {  // NaN: an unwritten element fails
     CUDA_CHECK(cudaMemsetAsync(gradient, 0xFF, count * sizeof(__half), stream));
   }
+  if (step.pipeline_report != nullptr) step.pipeline_report();  // clear what an earlier run left
   step.launch_backward(args);
   CUDA_CHECK_LAUNCH();
   const auto abandon_buffers = [&] {
@@ -259,6 +261,9 @@ BackwardRunResult run_backward_step(const StepInfo& step, const HostTensors& inp
       }
     }
     result.check = compare_gradients(shape, *reference, result.dq, result.dk, result.dv, all);
+    // The checked pipeline build: the forward's broken rule (it ran first) or the backward's.
+    take_pipeline_violation(*forward, result.check);
+    take_pipeline_violation(step, result.check);
   }
   if (config.time) {
     try {

@@ -10,9 +10,10 @@
 //                         full barrier in this use (or reads it after releasing it)
 //   release-before-wgmma  a consumer releases a stage while a committed wgmma group that reads
 //                         it has not been waited for
-//   staging-busy          a thread writes the O staging buffer while a TMA store from it may still
-//                         be reading: the storing thread did not wait for the store's reads, or
-//                         the writers did not wait for that thread (one thread waits, all write)
+//   staging-busy          a thread writes a staging buffer (O's, or v10's dQ) while a TMA store
+//                         or reduce from it may still be reading: the storing thread did not wait
+//                         for its reads, or the writers did not wait for that thread (one thread
+//                         waits, all write)
 //   refill-before-release the producer arms a stage for a new use before the consumers released
 //                         it (no wait on its empty barrier for this use)
 //   watchdog              a wait that does not complete within 2 s (a wrong parity, a wrong byte
@@ -44,8 +45,9 @@
 
 namespace hopper {
 
-// What a rule names. The O staging buffer's "slot" is the warpgroup that owns it.
-enum class Buffer : int { q, k, v, kv, o_staging };
+// What a rule names. A staging buffer's "slot" is the warpgroup that owns it (O's in the
+// forward steps, dQ's in v10).
+enum class Buffer : int { q, k, v, kv, o_staging, d_o, dq_staging };
 enum class Barrier : int { full, empty };
 enum class Rule : int {
   none = 0,
@@ -97,6 +99,8 @@ inline const char* buffer_name(int buffer) {
     case Buffer::v: return "V";
     case Buffer::kv: return "K/V";
     case Buffer::o_staging: return "O staging";
+    case Buffer::d_o: return "dO";
+    case Buffer::dq_staging: return "dQ staging";
   }
   return "?";
 }
@@ -134,7 +138,9 @@ inline void describe(const Violation& v, const char* step, Line& line) {
       line.append(" while a committed wgmma group that reads it had not been waited for");
       break;
     case Rule::staging_busy:
-      line.append("wrote the O staging buffer of warpgroup ");
+      line.append("wrote the ");
+      line.append(buffer_name(v.buffer));
+      line.append(" buffer of warpgroup ");
       line.append((long long)v.slot);
       line.append(" while a TMA store from it may still be reading it (wait for the store's "
                   "reads, then a barrier of the writers, before writing)");

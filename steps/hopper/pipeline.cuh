@@ -5,8 +5,8 @@
 //   Ring           kSlots buffers used in turn, each guarded by a "full" mbarrier (the copy has
 //                  landed) and, where the consumers hand buffers back one by one (v8), an "empty"
 //                  one (every consumer warp has finished with it)
-//   StagingBuffer  the shared-memory tile O leaves through: written by ordinary stores, read by
-//                  an asynchronous TMA store
+//   StagingBuffer  a shared-memory tile that leaves through the copy engine: written by ordinary
+//                  stores, read by an asynchronous TMA store (O) or bulk reduce-add (v10's dQ)
 //
 // In a normal build each method is the instruction it wraps and nothing else. In the checked
 // build (checked.cuh) they also keep, per thread, what the protocol says that thread may do, and
@@ -27,6 +27,7 @@ namespace hopper {
 enum class NamedBarrier : uint32_t {
   epilogue = 1,  // + warpgroup: one warpgroup's 128 threads, around its O epilogue (ids 1, 2)
   turn = 3,      // + consumer: consumer c may issue its GEMMs (v8's ping-pong; ids 3, 4)
+  ds_ready = 5,  // both consumers: every row of a Q tile's dS^T is in shared memory (v10)
 };
 __device__ __forceinline__ void named_barrier_sync(NamedBarrier barrier, int index, uint32_t threads) {
   bar_sync(uint32_t(barrier) + index, threads);
@@ -219,14 +220,17 @@ class Ring {
 #endif
 };
 
-// ---- The O staging buffer ---------------------------------------------------------------------------
+// ---- Staging buffers ---------------------------------------------------------------------------------
 
-// One warpgroup's O tile in shared memory: all its threads write it, one of them stores it with
-// TMA, asynchronously. Before the next writes, that thread waits until the store has read the
-// buffer, and a barrier of the warpgroup tells the others.
+// One warpgroup's outgoing tile in shared memory (O, or v10's dQ): all its threads write it, one
+// of them sends it with the copy engine, asynchronously. Before the next writes, that thread
+// waits until the copy has read the buffer, and a barrier of the warpgroup tells the others.
 class StagingBuffer {
  public:
-  __device__ explicit StagingBuffer(int owner) : owner_(owner) { (void)owner_; }
+  __device__ explicit StagingBuffer(int owner, Buffer name = Buffer::o_staging)
+      : owner_(owner), name_(name) {
+    (void)owner_, (void)name_;
+  }
 
   // One thread, before the block's first barrier.
   __device__ void init() const {
@@ -237,8 +241,8 @@ class StagingBuffer {
   // Every writing thread, before it writes.
   __device__ void check_writable() const {
 #if ATTN_CHECKED_PIPELINE
-    check(*static_cast<volatile uint32_t*>(&busy()[owner_]) == 0, Rule::staging_busy,
-          Buffer::o_staging, owner_, 0);
+    check(*static_cast<volatile uint32_t*>(&busy()[owner_]) == 0, Rule::staging_busy, name_,
+          owner_, 0);
 #endif
   }
   // The storing thread, after its tma_store calls.
@@ -272,6 +276,7 @@ class StagingBuffer {
   }
 #endif
   int owner_;
+  Buffer name_;
 };
 
 }  // namespace hopper

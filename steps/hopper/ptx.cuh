@@ -182,6 +182,30 @@ __device__ __forceinline__ void tma_store_wait() {
   asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
 }
 
+// `bytes` contiguous bytes (a multiple of 16, both addresses 16-byte aligned) from global into
+// shared memory, completing a transaction on `barrier`: the 1-D bulk copy, for a tile's row
+// vector (v10's L and D), which needs no tensor map.
+__device__ __forceinline__ void bulk_load(void* destination, const void* source, uint32_t bytes,
+                                          uint64_t* barrier) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+          shared_address(destination)),
+      "l"(reinterpret_cast<uint64_t>(source)), "r"(bytes), "r"(shared_address(barrier))
+      : "memory");
+}
+
+// Adds `bytes` of fp32 values in shared memory into global memory, element by element, in L2
+// (the copy engine's reduce-add: no atomics issued by threads). A bulk group, like tma_store:
+// tma_store_commit, then tma_store_wait_read before the source is written again.
+__device__ __forceinline__ void bulk_reduce_add(float* destination, const float* source,
+                                                uint32_t bytes) {
+  asm volatile(
+      "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(
+          reinterpret_cast<uint64_t>(destination)),
+      "r"(shared_address(source)), "r"(bytes)
+      : "memory");
+}
+
 // Ordinary shared-memory stores by this thread become visible to the async proxy (TMA, wgmma).
 __device__ __forceinline__ void fence_async_shared() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
@@ -249,7 +273,8 @@ __device__ __forceinline__ void claim_registers() {
   }
 // The N of the SS (shared x shared) overloads below: a tile of keys must be one of these.
 constexpr bool has_wgmma_ss(int n) {
-  return n == 128 || n == 144 || n == 160 || n == 176 || n == 192 || n == 208;
+  return n == 32 || n == 64 || n == 128 || n == 144 || n == 160 || n == 176 || n == 192 ||
+         n == 208;
 }
 
 // A warpgroup's 64 x N fp32 accumulator is N/2 registers per thread. Thread t (warp w = t / 32 of
@@ -258,6 +283,43 @@ constexpr bool has_wgmma_ss(int n) {
 // mma.sync's m16n8 accumulator, one per warp. PTX names every accumulator register, so the
 // operand lists are long; the array's length picks the instruction. `accumulate` false means
 // D = A * B (the old contents are ignored), true means D += A * B.
+// D[64 x 32] and D[64 x 64] (+)= A * B, both operands in shared memory, K-major (kMNMajor false:
+// A * B^T, as the wider overloads below) or both MN-major (true: imm-trans-a and imm-trans-b, as
+// v10's dQ = dS K reads dS^T and K from tiles whose rows are the k dimension).
+template <typename Element = __half, bool kMNMajor = false>
+__device__ __forceinline__ void wgmma_ss(float (&d)[16], uint64_t a, uint64_t b, bool accumulate) {
+#define HOPPER_WGMMA(TYPES)                                                                                      \
+  asm volatile(                                                                                                  \
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"                                                               \
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32" TYPES " {"                                                    \
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"                                     \
+      "}, %16, %17, p, 1, 1, %19, %19;\n}\n"                                                                     \
+      :                                                                                                          \
+        "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),          \
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])     \
+      : "l"(a), "l"(b), "r"(int(accumulate)), "n"(int(kMNMajor)))
+  HOPPER_WGMMA_FOR(Element);
+#undef HOPPER_WGMMA
+}
+template <typename Element = __half, bool kMNMajor = false>
+__device__ __forceinline__ void wgmma_ss(float (&d)[32], uint64_t a, uint64_t b, bool accumulate) {
+#define HOPPER_WGMMA(TYPES)                                                                                      \
+  asm volatile(                                                                                                  \
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"                                                               \
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32" TYPES " {"                                                    \
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "                                   \
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"                           \
+      "}, %32, %33, p, 1, 1, %35, %35;\n}\n"                                                                     \
+      :                                                                                                          \
+        "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),          \
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),    \
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),  \
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])   \
+      : "l"(a), "l"(b), "r"(int(accumulate)), "n"(int(kMNMajor)))
+  HOPPER_WGMMA_FOR(Element);
+#undef HOPPER_WGMMA
+}
+
 // D[64 x 128] (+)= A * B^T, A and B K-major in shared memory: m64n128k16.
 template <typename Element = __half>
 __device__ __forceinline__ void wgmma_ss(float (&d)[64], uint64_t a, uint64_t b, bool accumulate) {
