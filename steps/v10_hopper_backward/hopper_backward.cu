@@ -44,13 +44,13 @@ constexpr float kLog2e = 1.4426950408889634f;
 
 // ---- Tile geometry and shared memory --------------------------------------------------------
 
-template <int kHeadDim_, int kStages_>
+template <int kHeadDim_, int kBlockM_, int kStages_>
 struct Tiles {
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kConsumers = 2;                     // consumer warpgroups, 64 keys each
   static constexpr int kThreads = 128 * (1 + kConsumers);  // warpgroup 0 is the producer
   static constexpr int kBlockN = 64 * kConsumers;          // keys per block: its K/V tile
-  static constexpr int kBlockM = 64;                       // query rows per Q tile of the walk
+  static constexpr int kBlockM = kBlockM_;                 // query rows per Q tile: 64 or 128
   static constexpr int kStages = kStages_;                 // Q (and dO) tiles in flight
   static constexpr hopper::Swizzle kSwizzle = hopper::Swizzle::bytes128;
   static constexpr int kSwizzleColumns = hopper::row_columns(kSwizzle);
@@ -58,15 +58,25 @@ struct Tiles {
   static constexpr int kDSteps = kHeadDim / 16;   // k-steps of S^T and dP^T (over D)
   static constexpr int kRowSteps = kBlockM / 16;  // k-steps of dV and dK (over query rows)
   static constexpr int kKeySteps = kBlockN / 16;  // k-steps of dQ (over the block's keys)
-  static constexpr int kDqColumns = kHeadDim / kConsumers;  // dQ columns per consumer
+  // dQ of a Q tile is kBlockM x D; a consumer computes a 64-row share (one wgmma M): with 64
+  // rows a tile, half of the columns each, with 128 rows, half of the rows each.
+  static constexpr int kDqRowGroups = kBlockM / 64;
+  static constexpr int kDqColumns = kHeadDim * kDqRowGroups / kConsumers;
+  __host__ __device__ static constexpr int dq_row0(int consumer) {
+    return 64 * (consumer * kDqRowGroups / kConsumers);
+  }
+  __host__ __device__ static constexpr int dq_column0(int consumer) {
+    return (consumer % (kConsumers / kDqRowGroups)) * kDqColumns;
+  }
   static constexpr int kProducerRegisters = 24;
   static constexpr int kConsumerRegisters = 240;
   static constexpr uint32_t kElementBytes = 2;  // fp16 or bf16
   static constexpr uint32_t kRowTileBytes = kBlockM * kHeadDim * kElementBytes;  // Q or dO
   static constexpr uint32_t kKVBytes = kBlockN * kHeadDim * kElementBytes;
   static constexpr uint32_t kRowVectorBytes = kBlockM * sizeof(float);  // L or D of a Q tile
-  static constexpr uint32_t kDqBytes = kBlockM * kDqColumns * sizeof(float);  // a consumer's dQ
+  static constexpr uint32_t kDqBytes = 64 * kDqColumns * sizeof(float);  // a consumer's dQ share
   static_assert(kHeadDim % kSwizzleColumns == 0, "whole 64-column swizzle blocks");
+  static_assert(kBlockM == 64 || kBlockM == 128, "one or two 64-row dQ shares");
   static_assert(kRowTileBytes % 1024 == 0 && kKVBytes % 1024 == 0 && kDqBytes % 1024 == 0,
                 "tiles keep 1024-byte alignment");
 };
@@ -80,7 +90,7 @@ struct SharedStorage {
   Element q[T::kStages][T::kBlockM * T::kHeadDim];    // [column block][kBlockM][64]
   Element d_o[T::kStages][T::kBlockM * T::kHeadDim];
   Element ds[2][T::kBlockN * T::kBlockM];             // dS^T: [kBlockN keys][kBlockM queries]
-  float dq[T::kConsumers][T::kBlockM * T::kDqColumns];  // thread order (dq_sum_offset)
+  float dq[T::kConsumers][64 * T::kDqColumns];        // thread order (dq_sum_offset)
   float lse[T::kStages][T::kBlockM];                  // L log2(e) of the Q tile's rows
   float dot[T::kStages][T::kBlockM];                  // D of the same rows
   uint64_t kv_full[1];
@@ -101,7 +111,7 @@ constexpr uint32_t kConsumerWarps = 4 * T::kConsumers;
 template <typename T>
 __host__ __device__ constexpr int64_t dq_sum_offset(int64_t slice, int row_tiles, int row_tile,
                                                     int consumer) {
-  return ((slice * row_tiles + row_tile) * T::kConsumers + consumer) * (T::kBlockM * T::kDqColumns);
+  return ((slice * row_tiles + row_tile) * T::kConsumers + consumer) * (64 * T::kDqColumns);
 }
 
 // ---- 1. L log2(e) and D = rowsum(dO o O), padded to whole Q tiles --------------------------------
@@ -233,12 +243,13 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   hopper::WgmmaGroups groups;
 
   // This consumer's 64 keys of K and V (rows of the block's tiles), as the A operand of S^T and
-  // dP^T; its dQ columns of K (from column kDqColumns * consumer), as the B operand of dQ.
+  // dP^T; the columns of K its dQ share needs, as the B operand of dQ.
   const Element* my_keys = smem.k + consumer * 64 * kSwizzleColumns;
   const Element* my_values = smem.v + consumer * 64 * kSwizzleColumns;
   constexpr int kDqColumns = T::kDqColumns;
-  const Element* my_dq_keys = smem.k + (kDqColumns * consumer / kSwizzleColumns) * kBlockN * kSwizzleColumns +
-                              (kDqColumns * consumer) % kSwizzleColumns;
+  const int dq_column0 = T::dq_column0(consumer);
+  const Element* my_dq_keys = smem.k + (dq_column0 / kSwizzleColumns) * kBlockN * kSwizzleColumns +
+                              dq_column0 % kSwizzleColumns;
 
   // Keys past N need no mask: their K and V rows are TMA's zeros, so their dS meets a zero K row
   // in dQ, and their dK and dV rows are never written. Query rows past N likewise: zero Q and dO
@@ -316,50 +327,44 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     }
     hopper::fence_async_shared();  // read next by wgmma, the other consumer's too
 
-    // dV += P^T dO and dK += dS^T Q: A from registers, B with the queries as the k dimension.
-    {
-      const hopper::MNMajorOperand<kBlockM> output_grads(smem.d_o[d_o_slot]), queries(smem.q[q_slot]);
-      d_o_ring.read(step, groups);
-      q_ring.read(step, groups);
-      for (int s = 0; s < T::kRowSteps; ++s) {
-        hopper::fence_registers(p_fragments[s]);
-        hopper::fence_registers(ds_fragments[s]);
-      }
-      hopper::fence_registers(dv_acc);
-      hopper::fence_registers(dk_acc);
-      hopper::wgmma_fence();
-      for (int s = 0; s < T::kRowSteps; ++s) {
-        hopper::wgmma_rs<Element>(dv_acc, p_fragments[s], output_grads.k_step(s), true);
-      }
-      for (int s = 0; s < T::kRowSteps; ++s) {
-        hopper::wgmma_rs<Element>(dk_acc, ds_fragments[s], queries.k_step(s), true);
-      }
-      groups.commit();
+    // Three groups, oldest first: dV += P^T dO; dQ = dS K; dK += dS^T Q. dQ leaves while dK runs.
+    // dV and dK: A from registers, B with the queries as the k dimension.
+    const hopper::MNMajorOperand<kBlockM> output_grads(smem.d_o[d_o_slot]), queries(smem.q[q_slot]);
+    for (int s = 0; s < T::kRowSteps; ++s) {
+      hopper::fence_registers(p_fragments[s]);
+      hopper::fence_registers(ds_fragments[s]);
     }
+    hopper::fence_registers(dv_acc);
+    hopper::fence_registers(dk_acc);
+    d_o_ring.read(step, groups);
+    hopper::wgmma_fence();
+    for (int s = 0; s < T::kRowSteps; ++s) {
+      hopper::wgmma_rs<Element>(dv_acc, p_fragments[s], output_grads.k_step(s), true);
+    }
+    groups.commit();
 
-    // dQ = dS K over the block's 128 keys, this consumer's columns: both halves of dS^T must be
-    // written. A is dS^T read transposed (its rows are keys, the k dimension), B is K likewise.
+    // dQ = dS K over the block's 128 keys, this consumer's share: both consumers' dS^T must be
+    // written. A is dS^T read transposed (its rows are keys, the k dimension; its columns from
+    // the share's first row), B is K likewise (from the share's first column).
     hopper::named_barrier_sync(NamedBarrier::ds_ready, 0, 256);
     float dq_acc[kDqColumns / 2];
     {
-      const hopper::MNMajorOperand<kBlockN> scores_grad(smem.ds[step % 2]), keys(my_dq_keys);
+      const hopper::MNMajorOperand<kBlockN> scores_grad(
+          smem.ds[step % 2] + (T::dq_row0(consumer) / kSwizzleColumns) * kBlockN * kSwizzleColumns);
+      const hopper::MNMajorOperand<kBlockN> keys(my_dq_keys);
       kv_ring.read(0, groups);
-      hopper::wgmma_fence();
       for (int s = 0; s < T::kKeySteps; ++s) {
         hopper::wgmma_ss<Element, true>(dq_acc, scores_grad.k_step(s), keys.k_step(s), s > 0);
       }
       groups.commit();
     }
-    groups.wait<0>();
-    hopper::fence_registers(dq_acc);
-    hopper::fence_registers(dv_acc);
-    hopper::fence_registers(dk_acc);
+    q_ring.read(step, groups);
     for (int s = 0; s < T::kRowSteps; ++s) {
-      hopper::fence_registers(p_fragments[s]);
-      hopper::fence_registers(ds_fragments[s]);
+      hopper::wgmma_rs<Element>(dk_acc, ds_fragments[s], queries.k_step(s), true);
     }
-    q_ring.release(step, lane, groups);
-    d_o_ring.release(step, lane, groups);
+    groups.commit();
+    groups.wait<1>();  // dV and dQ are done; dK may still run
+    hopper::fence_registers(dq_acc);
 
     // BEGIN EXERCISE: add this consumer's dQ of the Q tile into the fp32 sum in L2
     float* dq_share = dq_sum + dq_sum_offset<T>(slice, row_tiles, row_tile, consumer);
@@ -402,6 +407,16 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       }
     }
     // END EXERCISE
+
+    groups.wait<0>();
+    hopper::fence_registers(dv_acc);
+    hopper::fence_registers(dk_acc);
+    for (int s = 0; s < T::kRowSteps; ++s) {
+      hopper::fence_registers(p_fragments[s]);
+      hopper::fence_registers(ds_fragments[s]);
+    }
+    q_ring.release(step, lane, groups);
+    d_o_ring.release(step, lane, groups);
   }
   if (thread_in_group == 0) dq_staging.wait();  // shared memory must outlive the reduces
 
@@ -429,7 +444,7 @@ __global__ void dq_convert_kernel(const float* __restrict__ dq_sum, Element* __r
                                   int64_t chunks, int tokens, int row_tiles, float scale) {
   const int64_t chunk = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (chunk >= chunks) return;
-  constexpr int kShareChunks = T::kBlockM * T::kDqColumns / 4;  // a consumer's share of a Q tile
+  constexpr int kShareChunks = 64 * T::kDqColumns / 4;  // a consumer's share of a Q tile
   const int64_t share = chunk / kShareChunks;
   const int within = int(chunk % kShareChunks);
   const int consumer = int(share % T::kConsumers);
@@ -437,8 +452,8 @@ __global__ void dq_convert_kernel(const float* __restrict__ dq_sum, Element* __r
   const int row_tile = int(tile % row_tiles);
   const int64_t slice = tile / row_tiles;
   const int j = within / 128, thread = within % 128;
-  const int row = row_tile * T::kBlockM + 16 * (thread / 32) + (thread % 32) / 4;
-  const int column = consumer * T::kDqColumns + 8 * j + 2 * (thread % 4);
+  const int row = row_tile * T::kBlockM + T::dq_row0(consumer) + 16 * (thread / 32) + (thread % 32) / 4;
+  const int column = T::dq_column0(consumer) + 8 * j + 2 * (thread % 4);
   const float4 value = reinterpret_cast<const float4*>(dq_sum)[chunk];
   Element* slice_dq = dq + slice * tokens * T::kHeadDim;
   if (row < tokens) {
@@ -533,19 +548,22 @@ void launch_for(const attn::BackwardArgs& args) {
   CUDA_CHECK_LAUNCH();
 }
 
-// Q/dO stages per head dim. A define replaces one: -DATTN_V10_STAGES_D64=3.
-#ifndef ATTN_V10_STAGES_D64
-#define ATTN_V10_STAGES_D64 2
+// Query rows per Q tile and Q/dO stages at each head dim, chosen by measurement (chapter 13): at
+// D = 64, 128-row Q tiles (the consumers split dQ's rows) were 9-15% faster than 64-row ones; at
+// D = 128 the registers allow 64 rows only (dK and dV alone hold 128 a thread), and a third
+// stage gained nothing. A define replaces one: -DATTN_V10_TILES_D64=64\,2.
+#ifndef ATTN_V10_TILES_D64
+#define ATTN_V10_TILES_D64 128, 2
 #endif
-#ifndef ATTN_V10_STAGES_D128
-#define ATTN_V10_STAGES_D128 2
+#ifndef ATTN_V10_TILES_D128
+#define ATTN_V10_TILES_D128 64, 2
 #endif
 
 template <typename Body>
 void with_tile_shape(int64_t head_dim, Body&& body) {
   switch (head_dim) {
-    case 64: return body(Tiles<64, ATTN_V10_STAGES_D64>{});
-    case 128: return body(Tiles<128, ATTN_V10_STAGES_D128>{});
+    case 64: return body(Tiles<64, ATTN_V10_TILES_D64>{});
+    case 128: return body(Tiles<128, ATTN_V10_TILES_D128>{});
     default:  // the registration's head dims are these: the harness refuses any other first
       throw std::logic_error("v10 has no tile shape for head dim " + std::to_string(head_dim));
   }
