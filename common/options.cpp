@@ -97,7 +97,7 @@ std::string step_usage(const std::string& program) {
          "  --device K       CUDA device index (default 0)\n"
          "  --no-ceilings    do not measure the GPU's copy bandwidth and tensor-core rate\n"
          "                   (for compute-sanitizer and ncu runs: only the step's kernel runs)\n"
-         "  --deterministic  a backward step (step 9): dQ without atomics, the same bits on\n"
+         "  --deterministic  a backward step (9, 10): dQ without atomics, the same bits on\n"
          "                   every run (slower); refused by the forward steps\n"
          "Exit codes: 0 passed, 1 check failed, 2 usage error, 3 CUDA or runtime error.\n";
 }

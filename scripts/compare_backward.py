@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
-"""The backward of attention, step v9 beside PyTorch's SDPA backward (FlashAttention-2 and cuDNN),
-in one process, on the GPU, fp16 [B, H, N, D]:
+"""The backward of attention, steps v9 and v10 beside PyTorch's SDPA backward (FlashAttention-2 and
+cuDNN), in one process, on the GPU, fp16 or bf16 [B, H, N, D]:
 
   v9        torch.ops.attention_steps.attention_backward (D = rowsum(dO o O), the kernel, dQ's
             conversion), after the forward (v6, with L) ran once outside the timing
+  v10       the same call with step v10, the Hopper backward (on an H100 only), on the same O and L
   eager     the same call with the library's cuBLAS eager backward (eager_backward: P and dS
             materialised, N x N, five GEMMs), on the same O and L
   flash     torch.autograd.grad of F.scaled_dot_product_attention under SDPBackend.FLASH_ATTENTION
@@ -13,7 +14,7 @@ Each is timed in windows of back-to-back calls between two CUDA events; the impl
 alternate window by window, and the row holds the median of the windows and their extremes.
 FLOPs of a backward are counted as FlashAttention counts them: 2.5 times the forward's
 4 B H N^2 D. The v9 and eager rows also check their dQ, dK, dV against SDPA's math backend in
-fp32 on the same inputs (relative Frobenius error of each).
+fp32 on the same inputs (relative Frobenius error of each); v10's too.
 
     python3 scripts/compare_backward.py --csv docs/results/h100/backward.csv
     python3 scripts/compare_backward.py --dtype bf16 --csv backward_bf16.csv   # no eager row:
@@ -68,6 +69,9 @@ def main(argv=None):
         def v9():
             return backward(d_o, q, k, v, o, lse, "v9")
 
+        def v10():
+            return backward(d_o, q, k, v, o, lse, "v10")
+
         def eager():
             return backward(d_o, q, k, v, o, lse, "eager_backward")
 
@@ -81,7 +85,9 @@ def main(argv=None):
                 return torch.autograd.grad(result, leaves, d_o, retain_graph=True)
             return run
 
-        calls = {"v9": v9, **({"eager": eager} if args.dtype == "fp16" else {}),
+        hopper = torch.cuda.get_device_capability() == (9, 0)  # v10 runs there alone
+        calls = {"v9": v9, **({"v10": v10} if hopper else {}),
+                 **({"eager": eager} if args.dtype == "fp16" else {}),
                  "flash": sdpa_backward(SDPBackend.FLASH_ATTENTION),
                  "cudnn": sdpa_backward(SDPBackend.CUDNN_ATTENTION)}
         # The check: the library's two against SDPA's math backend in fp32.
@@ -89,7 +95,7 @@ def main(argv=None):
         with sdpa_kernel(SDPBackend.MATH):
             want = torch.autograd.grad(F.scaled_dot_product_attention(*exact), exact, d_o.float())
         errors = {name: [((g.float() - w).norm() / w.norm()).item() for g, w in zip(calls[name](), want)]
-                  for name in ("v9", "eager") if name in calls}
+                  for name in ("v9", "v10", "eager") if name in calls}
         windows = {name: [] for name in calls}
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         for window in range(args.windows + 1):  # the first round warms and is not kept

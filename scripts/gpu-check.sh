@@ -33,8 +33,9 @@
 #              scripts/torch_op_bench.py with TORCH_OP_ARGS: host time per call beside SDPA, a
 #              CUDA graph, graph breaks, vit_b_16 images/s eager and compiled
 #                                              -> torch_op.csv, torch_op_build.log, torch_op_tests.log
-#   backward   step 9 (the backward) beside SDPA's FlashAttention-2 and cuDNN backward at the five
-#              backward shapes, one process (scripts/compare_backward.py)  -> backward.csv
+#   backward   steps 9 and 10 (the backward; 10 on Hopper) beside SDPA's FlashAttention-2 and cuDNN
+#              backward at the five backward shapes, one process each for fp16 and bf16
+#              (scripts/compare_backward.py)  -> backward.csv, backward_bf16.csv
 #   training   a small ViT trained on the digits with the steps and stock, and vit_b_16 training
 #              steps (scripts/train_digits.py)     -> training_digits.csv/.txt, training_vit_b_16.csv
 #   vit        the PyTorch bridge's GPU tests (tests/python/test_torch_bridge.py --gpu), then
@@ -45,7 +46,7 @@
 # Environment:
 #   BUILD_DIR            the build folder (default: build)
 #   CHECKED_BUILD_DIR    the checked build's folder, gpu_tests built (default: build-checked)
-#   CHECKED_STEPS        the steps the checked stage runs (default: v7 v8)
+#   CHECKED_STEPS        the steps the checked stage runs (default: v7 v8 v10)
 #   PLANTED_DIR          where scripts/plant_bugs.py --build-only wrote its binaries (default:
 #                        stage/planted)
 #   PLANTED_ONLY         the planted bugs to run, as plant_bugs.py --only takes them (default: all)
@@ -92,7 +93,7 @@ BUILD_DIR=${BUILD_DIR:-build}
 [ -d "$BUILD_DIR" ] && BUILD_DIR=$(cd "$BUILD_DIR" && pwd)
 CHECKED_BUILD_DIR=${CHECKED_BUILD_DIR:-build-checked}
 [ -d "$CHECKED_BUILD_DIR" ] && CHECKED_BUILD_DIR=$(cd "$CHECKED_BUILD_DIR" && pwd)
-CHECKED_STEPS=${CHECKED_STEPS:-v7 v8}
+CHECKED_STEPS=${CHECKED_STEPS:-v7 v8 v10}
 PLANTED_DIR=${PLANTED_DIR:-stage/planted}
 PLANTED_ONLY=${PLANTED_ONLY:-}
 LSE_STEPS=${LSE_STEPS:-v6,v7,v8}
@@ -600,9 +601,12 @@ stage_torch() {
 
 stage_backward() {
   with_operator || return $?
-  echo "## scripts/compare_backward.py: v9 beside SDPA's FlashAttention-2 and cuDNN backward"
+  echo "## scripts/compare_backward.py: v9 and v10 beside SDPA's FlashAttention-2 and cuDNN backward"
   PYTHONPATH="$site" timeout "$(limit 300)" "$PYTHON" scripts/compare_backward.py \
-    --csv "$OUTDIR/backward.csv"
+    --csv "$OUTDIR/backward.csv" || return 1
+  echo "## the same in bf16"
+  PYTHONPATH="$site" timeout "$(limit 300)" "$PYTHON" scripts/compare_backward.py \
+    --dtype bf16 --csv "$OUTDIR/backward_bf16.csv"
 }
 
 stage_training() {
@@ -651,7 +655,7 @@ declare -A stage_results=(
   [info]="" [tests]=tests_junit.xml [checked]="" [planted]="planted.csv planted.txt"
   [sanitizer]=sanitizer/ [bench]="bench_vit.csv bench_long.csv" [lse]=lse.csv
   [profile]="profile.csv profile/" [pytorch]="pytorch.csv pytorch_info.txt"
-  [torch]="torch_op.csv torch_op_tests.log torch_op_build.log" [backward]=backward.csv
+  [torch]="torch_op.csv torch_op_tests.log torch_op_build.log" [backward]="backward.csv backward_bf16.csv"
   [training]="training_digits.csv training_digits.txt training_vit_b_16.csv"
   [vit]="vit_end_to_end.csv vit_end_to_end_kernels.csv vit_end_to_end_info.txt")
 

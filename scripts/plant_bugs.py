@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Proves that the tests can fail: plants the bugs students make into copies of the flash steps
-(v6, v7, v8, and v9, the backward) and runs each copy through the GPU suite, in a normal build and, for the Hopper
+(v6, v7, v8, and the backward steps v9 and v10) and runs each copy through the GPU suite, in a normal build and, for the Hopper
 steps, in the checked build of the asynchronous pipeline. Every copy must be caught by one of
 the two; the report says which caught which, and the checked build's line names the rule.
 
@@ -44,7 +44,7 @@ class Bug:
 
     @property
     def hopper(self):
-        return self.folder.startswith(("v7_", "v8_"))
+        return self.folder.startswith(("v7_", "v8_", "v10_"))
 
     @property
     def arch(self):
@@ -52,6 +52,7 @@ class Bug:
 
 
 V6, V7, V8, V9 = "v6_flash", "v7_tma_wgmma", "v8_warp_specialized", "v9_flash_backward"
+V10 = "v10_hopper_backward"
 KEY_MASK_TEST = "key mask*"  # tests/test_steps_gpu.cpp: real scores strongly negative
 BUGS = [
     # The arithmetic of the online softmax: the result check catches these.
@@ -99,6 +100,12 @@ BUGS = [
     Bug("v9nodkscale", V9, "dK without the softmax's scale (dS^T Q, not scale dS^T Q)",
         [("pack_pair<Element>(dk_acc[d][2 * half] * scale, dk_acc[d][2 * half + 1] * scale)",
           "pack_pair<Element>(dk_acc[d][2 * half], dk_acc[d][2 * half + 1])", 1)]),
+    # The Hopper backward (v10): the maths, the scale, and (below) its pipeline.
+    Bug("v10nodterm", V10, "dS without the D term (P o dP instead of P o (dP - D))",
+        [("(dp_acc[4 * i + e] - (e % 2 ? row_dots.y : row_dots.x))", "dp_acc[4 * i + e]", 1)]),
+    Bug("v10nodkscale", V10, "dK without the softmax's scale (dS^T Q, not scale dS^T Q)",
+        [("pack_pair<Element>(dk_acc[4 * d + 2 * half] * scale, dk_acc[4 * d + 2 * half + 1] * scale)",
+          "pack_pair<Element>(dk_acc[4 * d + 2 * half], dk_acc[4 * d + 2 * half + 1])", 1)]),
     # bf16: the element type mixed up in one place, which the fp16 suite cannot see.
     Bug("v6bf16pashalf", V6, "P packed as fp16 pairs in the bf16 kernel (the wrong type for the MMA)",
         [("p_fragments[g][0] = pack_pair<Element>(", "p_fragments[g][0] = pack_pair<__half>(", 1)]),
@@ -107,6 +114,8 @@ BUGS = [
     Bug("v9bf16dvhalf", V9, "dV packed as fp16 pairs in the bf16 kernel",
         [("pack_pair<Element>(dv_acc[d][2 * half], dv_acc[d][2 * half + 1])",
           "pack_pair<__half>(dv_acc[d][2 * half], dv_acc[d][2 * half + 1])", 1)]),
+    Bug("v10bf16mmahalf", V10, "dK += dS^T Q issued as an fp16 wgmma on bf16 operands",
+        [("hopper::wgmma_rs<Element>(dk_acc", "hopper::wgmma_rs<__half>(dk_acc", 1)]),
     # The asynchronous protocol: races that need unlucky timing to corrupt a result.
     Bug("v7fullwaitonce", V7, "waits for a stage's copy only the first time round the ring",
         [("kv_ring.wait_full(tile);", "if (tile < T::kStages) kv_ring.wait_full(tile);", 1)],
@@ -128,6 +137,15 @@ BUGS = [
     Bug("v8hang", V8, "the producer announces more bytes than its copies deliver",
         [("ring.arm(use, T::kKVBytes)", "ring.arm(use, T::kKVBytes + 1024)", 1)], hangs=True,
         rule="watchdog"),
+    Bug("v10nofullwait", V10, "reads a dO stage without waiting for its full barrier",
+        [("d_o_ring.wait_full(step);", ";", 1)], rule="read-before-full"),
+    Bug("v10earlyrelease", V10, "releases a Q stage while the dK += dS^T Q reading it still runs",
+        [("    groups.wait<1>();  // dV and dQ are done; dK may still run",
+          "    q_ring.release_thread(step, groups);\n    groups.wait<1>();", 1),
+         ("    q_ring.release_thread(step, groups);\n    d_o_ring.release", "    d_o_ring.release", 1)],
+        rule="release-before-wgmma"),
+    Bug("v10nostagingwait", V10, "rewrites the dQ staging buffer before the last reduce has read it",
+        [("if (thread_in_group == 0) dq_staging.wait_read();", ";", 1)], rule="staging-busy"),
 ]
 
 # Every test case but the long sequences (their CPU reference takes most of a suite's time, and
@@ -163,8 +181,9 @@ def build(args, bugs):
         os.path.join(args.build_dir, "tests/CMakeFiles/gpu_tests.dir/gpu_main.cpp.o"),
         os.path.join(args.build_dir, "tests/CMakeFiles/gpu_tests.dir/test_steps_gpu.cpp.o"),
         os.path.join(args.build_dir, "tests/CMakeFiles/gpu_tests.dir/test_backward_gpu.cpp.o"),
-        # v6, the forward step v9's copies run first for O and L.
+        # v6 and v8, the forward steps v9's and v10's copies run first for O and L.
         os.path.join(args.build_dir, "CMakeFiles/attn_v6.dir/steps/v6_flash/flash.cu.o"),
+        os.path.join(args.build_dir, "CMakeFiles/attn_v8.dir/steps/v8_warp_specialized/warp_specialized.cu.o"),
         os.path.join(args.build_dir, "reference/CMakeFiles/attn_eager.dir/eager_cublas.cu.o"),
         os.path.join(args.build_dir, "common/libattn_common.a"),
     ]
@@ -205,7 +224,7 @@ def build(args, bugs):
         if not objs:
             continue
         binary = os.path.join(args.out, name)
-        result = subprocess.run(link + [binary] + harness[:4] + objs + harness[4:] +
+        result = subprocess.run(link + [binary] + harness[:5] + objs + harness[5:] +
                                 ["-lcublas", "-lpthread"], capture_output=True, text=True)
         if result.returncode != 0:
             fail(f"linking {name} failed:\n{result.stderr}")

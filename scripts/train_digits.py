@@ -9,8 +9,9 @@ digits  A small ViT (torchvision's VisionTransformer: 32 x 32 images in 2 x 2 pa
         norm 1, fp16 autocast with a gradient scaler):
           stock  seed 0     PyTorch's attention
           stock  seed 1     the same with another seed: another initialisation, another data order
-          steps  seed 0     the steps in every block (swap_attention: the forward step, then v9
-                            in the backward), the initialisation and data order of stock seed 0
+          steps  seed 0     the steps in every block (swap_attention: the forward step, then the
+                            backward step autograd picks: v10 on an H100, v9 elsewhere), the
+                            initialisation and data order of stock seed 0
         The steps' curve must track stock seed 0's: the running mean (20 steps) of their losses'
         difference must stay below the largest running mean of the two stock seeds' difference,
         the variation the recipe itself has. Test accuracy of each run on the held-out 20%.
@@ -37,6 +38,12 @@ DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                     "attention_steps", "data", "digits.npz")
 WINDOW = 20  # steps of the running mean the curves are compared by
 
+
+
+def backward_step():
+    """The backward step autograd runs on this GPU (the operator's choice, csrc/operator.cpp)."""
+    import torch
+    return "v10" if torch.cuda.get_device_capability() == (9, 0) else "v9"
 
 def digits(torch, device):
     """(train images, train labels, test images, test labels): [N, 3, 32, 32] floats, a fixed
@@ -150,7 +157,7 @@ def digits_part(torch, torchvision, args, step):
             writer.writerow([i + 1] + [f"{v:.5f}" for v in values])
     verdict = "tracks" if tracked <= bound else "DOES NOT TRACK"
     lines = [
-        f"steps: {step} forward, v9 backward; {args.steps} training steps, batch 64, AdamW at "
+        f"steps: {step} forward, {backward_step()} backward; {args.steps} training steps, batch 64, AdamW at "
         f"peak rate {args.lr} ({args.warmup} warm-up steps, cosine decay), images shifted by up "
         f"to {args.shift} pixels, " + ("bf16 autocast" if args.dtype == "bf16" else
                                          "fp16 autocast with a gradient scaler"),

@@ -11,7 +11,8 @@ elsewhere, in float16 and in bfloat16: chapters 07, 10 and 12) and hands
 every other call to PyTorch's own function: masks, causal attention, dropout, grouped-query
 attention, dtypes other than float16 and bfloat16, CPU tensors, head dims
 or token counts no step serves, keys of another length than the queries, and calls that need a
-gradient at a head dim no backward step serves (v9 serves 64 and 128: autograd runs it).
+gradient at a head dim no backward step serves (v10 on an H100 and v9 elsewhere serve 64 and
+128: autograd runs them).
 use_steps(verbose=True) says once per reason when that happens; never while torch.compile
 traces, where printing would break the graph.
 

@@ -13,8 +13,9 @@ and the block's own out-projection, so the model computes what it computed befor
 restore_attention(model) puts the original modules back.
 
 Autograd: a forward on inputs that require grad keeps O and L, and backward runs the backward
-step that serves the head dim (v9, the FlashAttention-2 backward: 64 and 128); at another head
-dim backward raises NotImplementedError saying so.
+step that serves the head dim on the GPU (v10, the Hopper backward, on an H100; v9, the
+FlashAttention-2 backward, elsewhere: 64 and 128); at another head dim backward raises
+NotImplementedError saying so.
 """
 import contextlib
 

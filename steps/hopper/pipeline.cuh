@@ -178,6 +178,15 @@ class Ring {
     __syncwarp();
     if (lane == 0) mbarrier_arrive(&empty_[slot(use)]);
   }
+  // This thread is done with the stage, and arrives on the empty barrier itself (the ring was
+  // initialised with one arrival per consumer thread). v10's stages hold the rows of L and D
+  // that a 1-D bulk copy writes, a copy compute-sanitizer's racecheck sees; racecheck orders a
+  // thread's reads before the producer's next copy through that thread's own arrival, not
+  // through a __syncwarp and its lane 0's (release), so these stages are released this way.
+  __device__ void release_thread(int use, const WgmmaGroups& groups) {
+    check_release(use, groups);
+    mbarrier_arrive(&empty_[slot(use)]);
+  }
   // Every thread of the block is done with the stage (v7): one __syncthreads, after which the
   // producer may refill it for use + kSlots.
   __device__ void release_block(int use, const WgmmaGroups& groups) {

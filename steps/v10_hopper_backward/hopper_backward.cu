@@ -100,8 +100,9 @@ struct SharedStorage {
 template <typename T>
 constexpr uint32_t kSharedBytes = sizeof(SharedStorage<T, __half>) + 1024;  // + alignment
 
+// Each consumer thread releases a Q or dO stage itself (Ring::release_thread says why).
 template <typename T>
-constexpr uint32_t kConsumerWarps = 4 * T::kConsumers;
+constexpr uint32_t kConsumerThreads = 128 * T::kConsumers;
 
 // The fp32 dQ sum is kept in the order the consumers' registers hold it, not row by row: a
 // consumer's 64 x kDqColumns share of a Q tile is kDqColumns / 8 chunks of 128 threads x 4
@@ -192,8 +193,8 @@ __global__ void __launch_bounds__(T::kThreads, 1)
 
   if (threadIdx.x == 0) {
     kv_ring.init_full();
-    q_ring.init(kConsumerWarps<T>);
-    d_o_ring.init(kConsumerWarps<T>);
+    q_ring.init(kConsumerThreads<T>);
+    d_o_ring.init(kConsumerThreads<T>);
     for (int c = 0; c < T::kConsumers; ++c) hopper::StagingBuffer(c, Buffer::dq_staging).init();
     hopper::fence_barrier_init();
   }
@@ -415,8 +416,8 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       hopper::fence_registers(p_fragments[s]);
       hopper::fence_registers(ds_fragments[s]);
     }
-    q_ring.release(step, lane, groups);
-    d_o_ring.release(step, lane, groups);
+    q_ring.release_thread(step, groups);
+    d_o_ring.release_thread(step, groups);
   }
   if (thread_in_group == 0) dq_staging.wait();  // shared memory must outlive the reduces
 

@@ -15,8 +15,9 @@
 // same strides for torch.compile (its fake implementation).
 //
 // Autograd: a C++ autograd function saves Q, K, V, O and L; its backward runs
-// attention_backward with the backward step that serves the head dim (v9), which rebuilds P from
-// L. attention_backward is an operator of its own, so torch.compile traces the backward too.
+// attention_backward with the backward step that serves the head dim on this GPU (v10 on Hopper,
+// v9 elsewhere), which rebuilds P from L. attention_backward is an operator of its own, so
+// torch.compile traces the backward too.
 #include <ATen/cuda/CUDAContext.h>
 #include <Python.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -43,6 +44,7 @@ struct StepFacts {
   bool is_backward = false;
   bool is_baseline = false;  // eager_backward: measured beside the steps, never chosen
   std::vector<int> head_dims;
+  int min_compute_capability = 0, max_compute_capability = 0;  // max 0: every newer GPU too
 };
 
 const std::unordered_map<std::string, StepFacts>& all_steps() {
@@ -54,22 +56,29 @@ const std::unordered_map<std::string, StepFacts>& all_steps() {
       found[info.id] = StepFacts{info.takes_strides != 0, info.uses_workspace != 0,
                                  info.writes_log_sum_exp != 0, info.is_backward != 0,
                                  info.is_baseline != 0,
-                                 std::vector<int>(info.head_dims, info.head_dims + info.head_dim_count)};
+                                 std::vector<int>(info.head_dims, info.head_dims + info.head_dim_count),
+                                 info.min_compute_capability, info.max_compute_capability};
     }
     return found;
   }();
   return steps;
 }
 
-// The backward step autograd runs after a forward step at this head dim: any that serves it
-// (P is rebuilt from L, which every step that writes L writes alike), the lowest-numbered; a
-// baseline never.
-std::optional<std::string> backward_step_for(int64_t head_dim) {
+// The number of step "vN" (10 for "v10"), so that steps compare as numbers, not text.
+int step_number(const std::string& id) { return std::stoi(id.substr(1)); }
+
+// The backward step autograd runs after a forward step at this head dim on a GPU of this compute
+// capability: the highest-numbered that serves both (v10 on Hopper, v9 elsewhere; P is rebuilt
+// from L, which every step that writes L writes alike); a baseline never.
+std::optional<std::string> backward_step_for(int64_t head_dim, int compute_capability) {
   std::optional<std::string> chosen;
   for (const auto& [id, facts] : all_steps()) {
-    if (facts.is_backward && !facts.is_baseline &&
+    const bool runs_here = compute_capability >= facts.min_compute_capability &&
+                           (facts.max_compute_capability == 0 ||
+                            compute_capability <= facts.max_compute_capability);
+    if (facts.is_backward && !facts.is_baseline && runs_here &&
         std::find(facts.head_dims.begin(), facts.head_dims.end(), head_dim) != facts.head_dims.end() &&
-        (!chosen || id < *chosen)) {
+        (!chosen || step_number(id) > step_number(*chosen))) {
       chosen = id;
     }
   }
@@ -325,7 +334,9 @@ class AttentionFunction : public torch::autograd::Function<AttentionFunction> {
     TORCH_CHECK_NOT_IMPLEMENTED(!context->saved_data["masked"].toBool(), "attention_steps: no "
                                 "backward step serves a key-padding mask yet; train with "
                                 "torch.nn.functional.scaled_dot_product_attention");
-    const std::optional<std::string> backward = backward_step_for(q.size(3));
+    const auto properties = at::cuda::getDeviceProperties(q.get_device());
+    const std::optional<std::string> backward =
+        backward_step_for(q.size(3), 10 * properties->major + properties->minor);
     TORCH_CHECK_NOT_IMPLEMENTED(backward.has_value(), "attention_steps: no backward step serves "
                                 "head dim ", std::to_string(q.size(3)), "; train with "
                                 "torch.nn.functional.scaled_dot_product_attention");
