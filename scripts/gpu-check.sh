@@ -14,7 +14,7 @@
 #              the shipped steps break no protocol rule                  -> checked.log
 #   planted    scripts/plant_bugs.py --run-only on the copies built in PLANTED_DIR: every planted
 #              bug is caught by the normal suite or the checked build    -> planted.csv, planted.txt
-#   sanitizer  memcheck + racecheck on every stepN at tail shapes (D = 64, 80, 128), and at D = 64
+#   sanitizer  memcheck + racecheck on every stepN at tail shapes (D = 32, 64, 80, 96, 128), and at D = 64
 #              in bf16 and with 130 keys for 65 queries (cross-attention) where the step takes
 #              them (n/a with its refusal where not)                   -> sanitizer.log, sanitizer/
 #   bench      N = 197,577,1025 (all steps, baselines), then N = 2049..16385 for the steps
@@ -24,7 +24,8 @@
 #              197,577,1025, D = 64 and 128; a last column numbers the window    -> lse.csv
 #   profile    ncu on each step at N = 577 (scripts/ncu_profile.py)          -> profile.csv, profile/
 #   pytorch    PyTorch eager and SDPA backends beside steps v6-v8 (scripts/compare_pytorch.py, 5
-#              interleaved timing windows each) at N = 197,577,1025 and the two long shapes
+#              interleaved timing windows each) at N = 197,577,1025, the two long shapes, and the
+#              head dims of ViT-H/14 (32, 16, 257, 80) and DETR (1, 8, 1050, 32)
 #                                                                         -> pytorch.csv, pytorch_info.txt
 #   torch      the PyTorch operator: `pip install --no-build-isolation ./python` into a folder of
 #              this run (built against the torch here, linking BUILD_DIR's library; the checkout's
@@ -382,9 +383,9 @@ stage_sanitizer() {
     head_dims=$(bench_list 2>/dev/null | awk -F'\t' '{print $1 "\t" $3}') || head_dims=""
   fi
 
-  # Besides N = 65 at D = 64, a tail at each other head dim a step may serve: N = 17 at D = 80,
-  # N = 130 at D = 128 (the Hopper steps' second tile shape).
-  local extra_shapes=("80 17" "128 130")
+  # Besides N = 65 at D = 64, a tail at each other head dim a step may serve: N = 33 at D = 32,
+  # N = 17 at D = 80, N = 65 at D = 96 (step 8's 32-column tiles), N = 130 at D = 128.
+  local extra_shapes=("32 33" "80 17" "96 65" "128 130")
   local binary id tool count=0 head_dim tokens shape serves
   while read -r binary; do
     count=$((count + 1))
@@ -535,6 +536,8 @@ stage_pytorch() {
     "--tokens 197,577,1025 --steps all$steps"
     "--tokens 4097 --batch 8 --heads 12 --head-dim 64 --steps sdpa_flash,sdpa_cudnn$steps"
     "--tokens 4097 --batch 8 --heads 16 --head-dim 128 --steps sdpa_flash,sdpa_cudnn$steps"
+    "--tokens 257 --batch 32 --heads 16 --head-dim 80 --steps sdpa_flash,sdpa_cudnn$steps"
+    "--tokens 1050 --batch 1 --heads 8 --head-dim 32 --steps sdpa_flash,sdpa_cudnn$steps"
   )
   : > "$OUTDIR/pytorch.csv"
   for part in "${parts[@]}"; do

@@ -500,6 +500,25 @@ __device__ __forceinline__ void wgmma_ss(float (&d)[104], uint64_t a, uint64_t b
 #undef HOPPER_WGMMA
 }
 
+// D[64 x 32] (+)= A * B, A in registers (the m16n8k16 A layout per warp), B MN-major in
+// shared memory (transposed: imm-trans-b = 1): m64n32k16.
+template <typename Element = __half>
+__device__ __forceinline__ void wgmma_rs(float (&d)[16], const uint32_t (&a)[4], uint64_t b,
+                                         bool accumulate) {
+#define HOPPER_WGMMA(TYPES)                                                                                   \
+  asm volatile(                                                                                               \
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"                                                            \
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32" TYPES " {"                                                 \
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"                                  \
+      "}, {%16, %17, %18, %19}, %20, p, 1, 1, 1;\n}\n"                                                        \
+      :                                                                                                       \
+        "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),       \
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])  \
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(int(accumulate)))
+  HOPPER_WGMMA_FOR(Element);
+#undef HOPPER_WGMMA
+}
+
 // D[64 x 64] (+)= A * B, A in registers (the m16n8k16 A layout per warp), B MN-major in
 // shared memory (transposed: imm-trans-b = 1): m64n64k16.
 template <typename Element = __half>
@@ -517,6 +536,31 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[32], const uint32_t (&a)[4],
         "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),    \
         "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),  \
         "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])   \
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(int(accumulate)))
+  HOPPER_WGMMA_FOR(Element);
+#undef HOPPER_WGMMA
+}
+
+// D[64 x 96] (+)= A * B, A in registers (the m16n8k16 A layout per warp), B MN-major in
+// shared memory (transposed: imm-trans-b = 1): m64n96k16.
+template <typename Element = __half>
+__device__ __forceinline__ void wgmma_rs(float (&d)[48], const uint32_t (&a)[4], uint64_t b,
+                                         bool accumulate) {
+#define HOPPER_WGMMA(TYPES)                                                                                      \
+  asm volatile(                                                                                                  \
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %53, 0;\n"                                                               \
+      "wgmma.mma_async.sync.aligned.m64n96k16.f32" TYPES " {"                                                    \
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "                                   \
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "                         \
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47"                           \
+      "}, {%48, %49, %50, %51}, %52, p, 1, 1, 1;\n}\n"                                                           \
+      :                                                                                                          \
+        "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),          \
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),    \
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),  \
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),  \
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),  \
+        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47])   \
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(int(accumulate)))
   HOPPER_WGMMA_FOR(Element);
 #undef HOPPER_WGMMA

@@ -22,7 +22,8 @@
 //     the current one, and O leaves through a staging buffer and an asynchronous TMA store (L,
 //     when asked for, with plain stores, as in v6 and v7).
 //
-// Serves head dims 64 and 128, in fp16 or bf16 (the kernel is a template on the element type,
+// Serves head dims 32, 64, 80, 96 and 128 (those not a multiple of 64 in 32-column blocks with
+// the 64-byte swizzle, 80 padded to 96 in shared memory), in fp16 or bf16 (the kernel is a template on the element type,
 // which the tensor maps and the wgmma instructions name; chapter 12), and N_k keys for N queries
 // (cross-attention: K's and V's maps have N_k rows, the K/V walk counts them). Tile sizes per
 // head dim are chosen by measurement (chapter 10). The rings, wgmma groups and staging buffer are
@@ -51,25 +52,30 @@ using hopper::NamedBarrier;
 template <int kHeadDim_, int kBlockN_, int kStages_, int kQBuffers_>
 struct Tiles {
   static constexpr int kHeadDim = kHeadDim_;
+  // Head dims that are multiples of 64 are tiled in 128-byte swizzle blocks of 64 columns; the
+  // others (32, 80, 96) in 64-byte blocks of 32 columns, each tile padded to whole blocks: at
+  // D = 80 to 96 columns, the 16 past D filled with zeros by TMA (they add 0 to S = Q K^T, give
+  // O columns that are 0, and the store of O clips them).
+  static constexpr hopper::Swizzle kSwizzle =
+      kHeadDim % 64 == 0 ? hopper::Swizzle::bytes128 : hopper::Swizzle::bytes64;
+  static constexpr int kSwizzleColumns = hopper::row_columns(kSwizzle);
+  static constexpr int kTileColumns = (kHeadDim + kSwizzleColumns - 1) / kSwizzleColumns * kSwizzleColumns;
   static constexpr int kConsumers = 2;                 // consumer warpgroups
   static constexpr int kThreads = 128 * (1 + kConsumers);  // warpgroup 0 is the producer
   static constexpr int kBlockM = 64 * kConsumers;      // query rows per work tile
   static constexpr int kBlockN = kBlockN_;             // keys per K and V tile
   static constexpr int kStages = kStages_;             // K stages, and as many V stages
   static constexpr int kQBuffers = kQBuffers_;         // 2: the next tile's Q lands during this one
-  static constexpr hopper::Swizzle kSwizzle = hopper::Swizzle::bytes128;
-  static constexpr int kSwizzleColumns = hopper::row_columns(kSwizzle);
-  static constexpr int kColumnBlocks = kHeadDim / kSwizzleColumns;
-  static constexpr int kDSteps = kHeadDim / 16;
+  static constexpr int kColumnBlocks = kTileColumns / kSwizzleColumns;
+  static constexpr int kDSteps = kTileColumns / 16;
   static constexpr int kKeySteps = kBlockN / 16;
   // Registers per thread after the hand-over: the producer keeps 24, each consumer gets 240
   // (128 * 24 + 256 * 240 = 64,512 of the SM's 65,536).
   static constexpr int kProducerRegisters = 24;
   static constexpr int kConsumerRegisters = 240;
   static constexpr uint32_t kElementBytes = 2;  // fp16 or bf16
-  static constexpr uint32_t kQBytes = kBlockM * kHeadDim * kElementBytes;
-  static constexpr uint32_t kKVBytes = kBlockN * kHeadDim * kElementBytes;
-  static_assert(kHeadDim % kSwizzleColumns == 0, "whole 64-column swizzle blocks");
+  static constexpr uint32_t kQBytes = kBlockM * kTileColumns * kElementBytes;  // whole boxes,
+  static constexpr uint32_t kKVBytes = kBlockN * kTileColumns * kElementBytes;  // zeros included
   static_assert(hopper::has_wgmma_ss(kBlockN), "a key tile that ptx.cuh has a wgmma_ss for");
   static_assert(kQBytes % 1024 == 0 && kKVBytes % 1024 == 0, "tiles keep 1024-byte alignment");
 };
@@ -80,10 +86,10 @@ struct Tiles {
 // __nv_bfloat16, the same size, so the bytes below are the same for both.
 template <typename T, typename Element = __half>
 struct SharedStorage {
-  Element q[T::kQBuffers][T::kBlockM * T::kHeadDim];  // [column block][kBlockM][64] each
-  Element o[T::kBlockM * T::kHeadDim];
-  Element k[T::kStages][T::kBlockN * T::kHeadDim];    // [column block][kBlockN][64] each
-  Element v[T::kStages][T::kBlockN * T::kHeadDim];
+  Element q[T::kQBuffers][T::kBlockM * T::kTileColumns];  // [column block][kBlockM][64 or 32]
+  Element o[T::kBlockM * T::kTileColumns];
+  Element k[T::kStages][T::kBlockN * T::kTileColumns];    // [column block][kBlockN][64 or 32]
+  Element v[T::kStages][T::kBlockN * T::kTileColumns];
   uint64_t q_full[T::kQBuffers], q_empty[T::kQBuffers];
   uint64_t k_full[T::kStages], k_empty[T::kStages];
   uint64_t v_full[T::kStages], v_empty[T::kStages];
@@ -136,7 +142,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
                                       const uint8_t* __restrict__ key_padding, int heads,
                                       int tokens, int kv_tokens,
                                       int row_tiles, int work_tiles, float scale_log2) {
-  constexpr int kHeadDim = T::kHeadDim, kBlockN = T::kBlockN, kStages = T::kStages;
+  constexpr int kTileColumns = T::kTileColumns, kBlockN = T::kBlockN, kStages = T::kStages;
   constexpr int kSwizzleColumns = T::kSwizzleColumns;
   extern __shared__ unsigned char shared_raw[];
   SharedStorage<T, Element>& smem = *reinterpret_cast<SharedStorage<T, Element>*>(
@@ -168,7 +174,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     hopper::release_registers<T::kProducerRegisters>();
     if (warp != 0 || lane != 0) return;
     // Rows [kv_tile * kBlockN, ...) of K or V into the buffer of this use of the ring.
-    auto load = [&](hopper::Ring<kStages>& ring, Element (*tiles)[kBlockN * kHeadDim],
+    auto load = [&](hopper::Ring<kStages>& ring, Element (*tiles)[kBlockN * kTileColumns],
                     const CUtensorMap* map, int use, int kv_tile, const WorkTile& tile) {
       ring.wait_empty(use);
       uint64_t* full = ring.arm(use, T::kKVBytes);
@@ -237,7 +243,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       continue;
     }
 
-    float o_acc[kHeadDim / 2] = {};
+    float o_acc[kTileColumns / 2] = {};
     float row_max[2] = {-INFINITY, -INFINITY};  // raw score units
     float row_sum[2] = {0.0f, 0.0f};            // this lane's share; the quad's sum at the end
     float s_acc[kBlockN / 2];                   // S, then exp(S - max) in place
@@ -247,9 +253,9 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     // S = Q K^T with this work tile's Q (this warpgroup's 64 rows of it) and the K of this use
     // of the ring, issued and committed, not awaited.
     auto issue_scores = [&](int use) {
-      const hopper::KMajorOperand<T::kBlockM> q(smem.q[q_ring.read(q_use, groups)] +
-                                                consumer * 64 * kSwizzleColumns);
-      const hopper::KMajorOperand<kBlockN> k(smem.k[k_ring.read(use, groups)]);
+      const hopper::KMajorOperand<T::kBlockM, T::kSwizzle> q(smem.q[q_ring.read(q_use, groups)] +
+                                                             consumer * 64 * kSwizzleColumns);
+      const hopper::KMajorOperand<kBlockN, T::kSwizzle> k(smem.k[k_ring.read(use, groups)]);
       hopper::wgmma_fence();
       for (int step = 0; step < T::kDSteps; ++step) {
         hopper::wgmma_ss<Element>(s_acc, q.k_step(step), k.k_step(step), step > 0);
@@ -259,7 +265,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     // O += P V with the V of this use of the ring, issued and committed, not awaited. Until it
     // completes, neither O nor P (read from registers by the tensor cores) may change.
     auto issue_output = [&](int use) {
-      const hopper::MNMajorOperand<kBlockN> v(smem.v[v_ring.read(use, groups)]);
+      const hopper::MNMajorOperand<kBlockN, T::kSwizzle> v(smem.v[v_ring.read(use, groups)]);
       for (int step = 0; step < T::kKeySteps; ++step) hopper::fence_registers(p_fragments[step]);
       hopper::fence_registers(o_acc);
       hopper::wgmma_fence();
@@ -369,7 +375,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       await_output();  // now the V buffer is free, and O and P may change
       v_ring.release(kv_use + i - 1, lane, groups);
       for (int half = 0; half < 2; ++half) {
-        for (int d = 0; d < kHeadDim / 8; ++d) {
+        for (int d = 0; d < kTileColumns / 8; ++d) {
           o_acc[4 * d + 2 * half] *= correction[half];
           o_acc[4 * d + 2 * half + 1] *= correction[half];
         }
@@ -407,7 +413,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     hopper::named_barrier_sync(NamedBarrier::epilogue, consumer, 128);
     o_staging.check_writable();
     unsigned char* o_bytes = reinterpret_cast<unsigned char*>(smem.o);
-    for (int d = 0; d < kHeadDim / 8; ++d) {
+    for (int d = 0; d < kTileColumns / 8; ++d) {
       for (int half = 0; half < 2; ++half) {
         const int row = consumer * 64 + warp * 16 + lane / 4 + 8 * half;
         *reinterpret_cast<uint32_t*>(o_bytes + hopper::swizzled_offset<T::kSwizzle>(row, 8 * d + 2 * quad_lane, T::kBlockM)) =
@@ -463,7 +469,18 @@ void launch_for(const attn::AttentionArgs& args) {
 // (chapter 10, docs/results/h100/tuning/): at D = 64, 208-key tiles (197, 577 and 1025 keys fill
 // 95-99% of them), two stages, two Q buffers; at D = 128, 160-key tiles with one Q buffer (two
 // would not fit next to them in 227 KB), which beat 128-key tiles with two Q buffers by 10%. A
-// define replaces one, as scripts/tune-v8.sh does: -DATTN_V8_TILES_D64=128\,2\,2.
+// define replaces one, as scripts/tune-v8.sh does: -DATTN_V8_TILES_D64=128\,2\,2. The head dims
+// of the other models (chapter 11): at D = 32 (DETR), 176-key tiles, which 1050 keys fill to
+// 99%; at D = 80 (ViT-H/14), 144-key tiles, which 257 keys fill to 89%; at D = 96, 176.
+#ifndef ATTN_V8_TILES_D32
+#define ATTN_V8_TILES_D32 176, 2, 2
+#endif
+#ifndef ATTN_V8_TILES_D80
+#define ATTN_V8_TILES_D80 144, 2, 2
+#endif
+#ifndef ATTN_V8_TILES_D96
+#define ATTN_V8_TILES_D96 176, 2, 2
+#endif
 #ifndef ATTN_V8_TILES_D64
 #define ATTN_V8_TILES_D64 208, 2, 2
 #endif
@@ -475,7 +492,10 @@ void launch_for(const attn::AttentionArgs& args) {
 template <typename Body>
 void with_tile_shape(int64_t head_dim, Body&& body) {
   switch (head_dim) {
+    case 32: return body(Tiles<32, ATTN_V8_TILES_D32>{});
     case 64: return body(Tiles<64, ATTN_V8_TILES_D64>{});
+    case 80: return body(Tiles<80, ATTN_V8_TILES_D80>{});
+    case 96: return body(Tiles<96, ATTN_V8_TILES_D96>{});
     case 128: return body(Tiles<128, ATTN_V8_TILES_D128>{});
     default:  // the registration's head dims are these: the harness refuses any other first
       throw std::logic_error("v8 has no tile shape for head dim " + std::to_string(head_dim));
@@ -501,7 +521,8 @@ std::size_t shared_bytes_needed(const attn::Shape& shape) {
 
 ATTN_REGISTER_STEP(attn::StepInfo{ATTN_STEP_ID,
                                   "warp specialized: TMA producer, 2 wgmma consumers, overlap",
-                                  {64, 128}, 90, 90, shared_bytes_needed, launch_warp_specialized,
+                                  {32, 64, 80, 96, 128}, 90, 90, shared_bytes_needed,
+                                  launch_warp_specialized,
                                   nullptr, attn::StepKind::step, /*takes_strides=*/true,
                                   hopper::kPipelineReport, /*writes_log_sum_exp=*/true,
                                   /*launch_backward=*/nullptr, /*forward_step=*/"",
