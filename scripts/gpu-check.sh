@@ -39,6 +39,10 @@
 #              (scripts/compare_backward.py)  -> backward.csv, backward_bf16.csv
 #   training   a small ViT trained on the digits with the steps and stock, and vit_b_16 training
 #              steps (scripts/train_digits.py)     -> training_digits.csv/.txt, training_vit_b_16.csv
+#   models     ViT-H/14, SETR-Naive and DETR-R50 (3, 6, 12 encoder layers) with step 8 in every
+#              nn.MultiheadAttention against stock, eager and compiled with CUDA graphs, at batch
+#              1 and 32 (scripts/models_end_to_end.py, at most MODELS_DEADLINE_S, default 420 s)
+#                                                                         -> models_end_to_end.csv
 #   vit        the PyTorch bridge's GPU tests (tests/python/test_torch_bridge.py --gpu), then
 #              whole torchvision ViTs with each step swapped in, through libattention_steps.so
 #              (scripts/vit_end_to_end.py), when torch and torchvision import; about 4 minutes,
@@ -53,9 +57,11 @@
 #   PLANTED_ONLY         the planted bugs to run, as plant_bugs.py --only takes them (default: all)
 #   LSE_STEPS            the steps the lse stage times (default: v6,v7,v8, those that write L)
 #   LSE_WINDOWS          its alternating windows (default 2)
-#   STAGES               default: info tests checked planted sanitizer bench lse profile pytorch torch backward training vit
+#   STAGES               default: info tests checked planted sanitizer bench lse profile pytorch torch backward training models vit
 #   TORCH_OP_ARGS        more arguments for scripts/torch_op_bench.py (e.g. --sizes 224 --parts host)
 #   TRAINING_ARGS        more arguments for scripts/train_digits.py (e.g. --lr 1e-3 --warmup 20)
+#   MODELS_DEADLINE_S    the models stage's time for its measurements (default 420): rows past it
+#                        are written as not run, with the reason
 #   PYTHON               interpreter for profile, pytorch and vit (default: python3)
 #   VIT_ARGS             more arguments for scripts/vit_end_to_end.py (e.g. --quick)
 #   COMPUTE_SANITIZER    compute-sanitizer to use (default: PATH, then $CUDA_HOME/bin, /usr/local/cuda/bin)
@@ -105,7 +111,7 @@ LONG_SHAPE_BUDGET_S=${LONG_SHAPE_BUDGET_S:-25}
 TEST_JOBS=${TEST_JOBS:-4}
 TIME_LIMIT_S=${TIME_LIMIT_S:-540}
 
-all_stages=(info tests checked planted sanitizer bench lse profile pytorch torch backward training vit)
+all_stages=(info tests checked planted sanitizer bench lse profile pytorch torch backward training models vit)
 IFS=', ' read -r -a stages <<< "${STAGES:-${all_stages[*]}}"  # "a,b" and "a b" both work
 for stage in "${stages[@]}"; do
   case " ${all_stages[*]} " in
@@ -621,6 +627,16 @@ stage_training() {
     "${extra[@]}"
 }
 
+stage_models() {
+  with_operator || return $?
+  echo "## scripts/models_end_to_end.py: ViT-H/14, SETR-Naive, DETR-R50 with step 8 against stock"
+  local left=$(( deadline - $(date +%s) - 30 ))
+  local budget=${MODELS_DEADLINE_S:-420}
+  (( left < budget )) && budget=$left
+  PYTHONPATH="$site" timeout "$(limit 480)" "$PYTHON" scripts/models_end_to_end.py --compiled \
+    --deadline-s "$budget" --csv "$OUTDIR/models_end_to_end.csv"
+}
+
 stage_vit() {
   with_operator || return $?  # the bridge's tests and the script use the checkout's package
   local library="$BUILD_DIR/libattention_steps.so"
@@ -653,13 +669,14 @@ declare -A stage_file=(
   [info]=info.txt [tests]=tests.log [checked]=checked.log [planted]=planted.log
   [sanitizer]=sanitizer.log [bench]=bench.log [lse]=lse.log
   [profile]=profile.log [pytorch]=pytorch.log [torch]=torch.log [backward]=backward.log
-  [training]=training.log [vit]=vit.log)
+  [training]=training.log [models]=models.log [vit]=vit.log)
 declare -A stage_results=(
   [info]="" [tests]=tests_junit.xml [checked]="" [planted]="planted.csv planted.txt"
   [sanitizer]=sanitizer/ [bench]="bench_vit.csv bench_long.csv" [lse]=lse.csv
   [profile]="profile.csv profile/" [pytorch]="pytorch.csv pytorch_info.txt"
   [torch]="torch_op.csv torch_op_tests.log torch_op_build.log" [backward]="backward.csv backward_bf16.csv"
   [training]="training_digits.csv training_digits.txt training_vit_b_16.csv"
+  [models]=models_end_to_end.csv
   [vit]="vit_end_to_end.csv vit_end_to_end_kernels.csv vit_end_to_end_info.txt")
 
 summary=()

@@ -12,7 +12,8 @@
   - the SDPA-compatible entry point: a small model that calls F.scaled_dot_product_attention
     runs the steps after use_steps(), and what no step serves (a mask, a gradient) goes to
     PyTorch's, said once when asked;
-  - autograd: the forward steps that write L, then v9, against SDPA's math backend in fp64,
+  - autograd: the forward steps that write L, then the backward step (v10 on an H100, v9
+    elsewhere), against SDPA's math backend in fp64,
     and a compiled training step without a graph break;
   - bf16: the steps that take it (v6 forward, v9 backward) with bf16's tolerances, and a model
     trained under torch.autocast(bfloat16) through the SDPA entry point;
@@ -373,7 +374,8 @@ class SdpaEntryPoint(Checks):
 
 
 class Gradients(unittest.TestCase):
-    """Autograd through the operator: the forward step, then v9, against SDPA's math backend in
+    """Autograd through the operator: the forward step, then the backward step of this GPU (v10
+    on an H100, v9 elsewhere), against SDPA's math backend in
     fp64, with the tolerances of common/check.hpp for gradients (8u relative Frobenius; 8u times
     the largest reference value, at least dV's, on any element)."""
 
@@ -404,7 +406,7 @@ class Gradients(unittest.TestCase):
                 self.assertLessEqual(error.abs().max().item(),
                                      8 * u * max(floor, w.abs().max().item()))
 
-    def test_every_forward_step_that_writes_l_then_v9(self):
+    def test_every_forward_step_that_writes_l_then_the_backward(self):
         for step, head_dim in served_steps():
             if head_dim not in (64, 128) or not steps.load_library().step(step).writes_log_sum_exp:
                 continue
@@ -414,13 +416,31 @@ class Gradients(unittest.TestCase):
         with self.subTest("packed views, another scale"):
             self.assert_gradients(fastest(64), (2, 3, 130, 64), packed=True, scale=0.3)
 
-    def test_bf16_through_v6_then_v9(self):
+    def test_bf16_through_v6_then_the_backward(self):
         if ("v6", 64) not in served_steps(64):
             self.skipTest("v6 does not run here")
         for head_dim in (64, 128):
             for tokens in (1, 65, 197):
                 with self.subTest(head_dim=head_dim, tokens=tokens):
                     self.assert_gradients("v6", (2, 3, tokens, head_dim), dtype=torch.bfloat16)
+
+    def test_autograd_runs_v10_on_hopper(self):
+        if torch.cuda.get_device_capability() != (9, 0):
+            self.skipTest("v10 runs on Hopper (compute capability 9.0) only")
+        q, k, v = (torch.randn(2, 3, 197, 64, device="cuda", dtype=torch.half, requires_grad=True)
+                   for _ in range(3))
+        d_o = torch.randn(2, 3, 197, 64, device="cuda", dtype=torch.half)
+        torch.use_deterministic_algorithms(True)  # the same bits, so the two can be compared
+        try:
+            got = torch.autograd.grad(steps.attention(q, k, v, step="v8"), (q, k, v), d_o)
+        finally:
+            torch.use_deterministic_algorithms(False)
+        o, lse = torch.ops.attention_steps.attention(q, k, v, "v8", None, None, True)
+        backward = torch.ops.attention_steps.attention_backward
+        for step, same in (("v10", True), ("v9", False)):
+            want = backward(d_o, q, k, v, o, lse, step, None, True)
+            with self.subTest(step=step):
+                self.assertEqual(all(torch.equal(g, w) for g, w in zip(got, want)), same)
 
     def test_deterministic_algorithms_give_the_same_bits(self):
         q, k, v = (torch.randn(2, 3, 197, 64, device="cuda", dtype=torch.half, requires_grad=True)

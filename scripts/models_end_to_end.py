@@ -1,0 +1,304 @@
+#!/usr/bin/env python3
+"""The other models, end to end, with step 8 in every attention: ViT-H/14, SETR-Naive and
+DETR-R50, stock PyTorch against the same model with every nn.MultiheadAttention swapped
+(attention_steps.mha.swap_multihead_attention), in fp16, at batch 1 (latency) and batch 32
+(throughput).
+
+  vit_h_14    torchvision's, 224 px: N = 257 tokens, 16 heads of D = 80, 32 blocks
+  setr_naive  SETR-Naive: torchvision's ViT-L/16 encoder at 384 px without its class token
+              (N = 576, 16 heads of D = 64, 24 blocks), then the naive head (1x1 conv, batch
+              norm, ReLU, 1x1 conv to 150 classes, bilinear upsampling to the image)
+  detr_e3/e6/e12  DETR-R50 as its paper describes it: torchvision's resnet50 to stride 32, a 1x1
+              projection to d_model 256, sine positional embeddings, 3, 6 or 12 encoder layers
+              (self-attention over the 25 x 42 = 1050 positions of an 800 x 1333 image, 8 heads
+              of D = 32) and 6 decoder layers (self-attention over 100 object queries,
+              cross-attention from them to the 1050 positions), sequence-first, post-norm,
+              positional embeddings added to queries and keys, not values, in every layer, the
+              class and box heads. Batch 32 holds images of mixed sizes padded to 800 x 1333 at
+              the bottom and right, so the key-padding mask matters; batch 1 is one 800 x 1333
+              image (its mask has no padding, and still goes to the kernels).
+
+Random weights from a fixed seed (the speed and the check do not depend on training). Each model
+is checked first, at batch 2: its outputs with the steps against stock's, with the tolerance
+scripts/vit_end_to_end.py derives (3 times stock fp16's own distance to the model run in fp32,
+at least 4u relative). Then each (model, batch) is timed: stock and swapped alternate in
+--windows windows of CUDA-event-timed forwards after a warm-up; a row holds the median of the
+window medians and their spread. With --compiled, the same for both under
+torch.compile(mode="reduce-overhead") (CUDA graphs), as long as --deadline-s allows; a row that
+would not fit says so.
+
+    python3 scripts/models_end_to_end.py --csv models_end_to_end.csv [--models vit_h_14,...]
+        [--batches 1,32] [--windows 7] [--compiled] [--deadline-s 420]
+
+Needs torch, torchvision and the operator (pip install --no-build-isolation ./python).
+Exit status: 0 every check passed, 1 a check failed, 3 no CUDA device or no operator.
+"""
+import argparse
+import copy
+import csv
+import math
+import statistics
+import sys
+import time
+
+UNIT_ROUNDOFF = 2.0 ** -11
+TOLERANCE_FACTOR = 3.0
+MODELS = ["vit_h_14", "setr_naive", "detr_e3", "detr_e6", "detr_e12"]
+FIELDS = ["model", "batch", "mode", "implementation", "median_ms", "low_ms", "high_ms", "windows",
+          "items_per_s", "vs_stock", "attention_calls", "check", "note"]
+
+
+def build(torch, torchvision, name, seed):
+    """(model, inputs(batch) -> tuple of tensors, attention calls per forward), with seeded
+    random weights: each model's own initialisation, then every parameter it leaves at zero
+    (torchvision's ViT head, the biases) drawn as well, so that the outputs are not zero and no
+    bias can hide a wiring mistake."""
+    model, inputs, calls = build_model(torch, torchvision, name, seed)
+    generator = torch.Generator().manual_seed(seed + 2)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            if not parameter.any():
+                parameter.copy_(0.02 * torch.randn(parameter.shape, generator=generator))
+    return model, inputs, calls
+
+
+def build_model(torch, torchvision, name, seed):
+    from torch import nn
+    import torch.nn.functional as F
+    torch.manual_seed(seed)
+
+    if name == "vit_h_14":
+        model = torchvision.models.vit_h_14(image_size=224)
+        return model, lambda batch, g: (torch.randn(batch, 3, 224, 224, generator=g),), 32
+
+    if name == "setr_naive":
+        class SETRNaive(nn.Module):
+            def __init__(self, classes=150):
+                super().__init__()
+                self.vit = torchvision.models.vit_l_16(image_size=384)
+                self.head = nn.Sequential(nn.Conv2d(1024, 256, 1), nn.BatchNorm2d(256), nn.ReLU(),
+                                          nn.Conv2d(256, classes, 1))
+
+            def forward(self, images):
+                encoder = self.vit.encoder
+                x = self.vit._process_input(images)  # [B, 576, 1024]: patches, no class token
+                x = encoder.ln(encoder.layers(encoder.dropout(x + encoder.pos_embedding[:, 1:])))
+                side = images.shape[-1] // 16
+                x = x.transpose(1, 2).reshape(x.shape[0], -1, side, side)
+                return F.interpolate(self.head(x), size=images.shape[-2:], mode="bilinear",
+                                     align_corners=False)
+        return SETRNaive(), lambda batch, g: (torch.randn(batch, 3, 384, 384, generator=g),), 24
+
+    encoder_layers = int(name.split("_e")[1])
+
+    class EncoderLayer(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.self_attn = nn.MultiheadAttention(256, 8, dropout=0.1)
+            self.linear1, self.linear2 = nn.Linear(256, 2048), nn.Linear(2048, 256)
+            self.norm1, self.norm2 = nn.LayerNorm(256), nn.LayerNorm(256)
+
+        def forward(self, src, mask, pos):
+            q = k = src + pos
+            src = self.norm1(src + self.self_attn(q, k, src, key_padding_mask=mask,
+                                                  need_weights=False)[0])
+            return self.norm2(src + self.linear2(F.relu(self.linear1(src))))
+
+    class DecoderLayer(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.self_attn = nn.MultiheadAttention(256, 8, dropout=0.1)
+            self.multihead_attn = nn.MultiheadAttention(256, 8, dropout=0.1)
+            self.linear1, self.linear2 = nn.Linear(256, 2048), nn.Linear(2048, 256)
+            self.norm1, self.norm2, self.norm3 = (nn.LayerNorm(256) for _ in range(3))
+
+        def forward(self, tgt, memory, mask, pos, query_pos):
+            q = k = tgt + query_pos
+            tgt = self.norm1(tgt + self.self_attn(q, k, tgt, need_weights=False)[0])
+            tgt = self.norm2(tgt + self.multihead_attn(tgt + query_pos, memory + pos, memory,
+                                                       key_padding_mask=mask,
+                                                       need_weights=False)[0])
+            return self.norm3(tgt + self.linear2(F.relu(self.linear1(tgt))))
+
+    class DETR(nn.Module):
+        def __init__(self):
+            super().__init__()
+            resnet = torchvision.models.resnet50()
+            self.backbone = nn.Sequential(*list(resnet.children())[:-2])  # stride 32, 2048 ch
+            self.input_proj = nn.Conv2d(2048, 256, 1)
+            self.query_embed = nn.Embedding(100, 256)
+            self.encoder = nn.ModuleList(EncoderLayer() for _ in range(encoder_layers))
+            self.decoder = nn.ModuleList(DecoderLayer() for _ in range(6))
+            self.decoder_norm = nn.LayerNorm(256)
+            self.class_embed = nn.Linear(256, 92)
+            self.bbox_embed = nn.Sequential(nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 256),
+                                            nn.ReLU(), nn.Linear(256, 4))
+
+        @staticmethod
+        def sine_positions(mask, dtype):
+            """DETR's normalised sine embedding of the unpadded positions: [B, 256, h, w]."""
+            not_mask = (~mask).float()
+            y, x = not_mask.cumsum(1), not_mask.cumsum(2)
+            y = y / (y[:, -1:, :] + 1e-6) * 2 * math.pi
+            x = x / (x[:, :, -1:] + 1e-6) * 2 * math.pi
+            dim_t = 10000 ** (2 * (torch.arange(128, device=mask.device) // 2) / 128)
+            pos_x, pos_y = x[..., None] / dim_t, y[..., None] / dim_t
+            pos_x = torch.stack((pos_x[..., 0::2].sin(), pos_x[..., 1::2].cos()), 4).flatten(3)
+            pos_y = torch.stack((pos_y[..., 0::2].sin(), pos_y[..., 1::2].cos()), 4).flatten(3)
+            return torch.cat((pos_y, pos_x), 3).permute(0, 3, 1, 2).to(dtype)
+
+        def forward(self, images, padding):
+            features = self.backbone(images)
+            mask = F.interpolate(padding[None].float(), size=features.shape[-2:])[0].bool()
+            pos = self.sine_positions(mask, features.dtype).flatten(2).permute(2, 0, 1)
+            src = self.input_proj(features).flatten(2).permute(2, 0, 1)  # [hw, B, 256]
+            mask = mask.flatten(1)                                        # [B, hw]
+            for layer in self.encoder:
+                src = layer(src, mask, pos)
+            query_pos = self.query_embed.weight.unsqueeze(1).repeat(1, images.shape[0], 1)
+            tgt = torch.zeros_like(query_pos)
+            for layer in self.decoder:
+                tgt = layer(tgt, src, mask, pos, query_pos)
+            hs = self.decoder_norm(tgt)
+            return self.class_embed(hs), self.bbox_embed(hs).sigmoid()
+
+    def inputs(batch, g):
+        images = torch.zeros(batch, 3, 800, 1333)
+        padding = torch.ones(batch, 800, 1333, dtype=torch.bool)  # True: padding
+        for i in range(batch):
+            # Batch 1: one full-size image; larger batches: sizes as DETR's resizing gives them
+            # (shorter side 608..800, longer up to 1333), padded at the bottom and right.
+            h, w = (800, 1333) if batch == 1 else (
+                int(torch.randint(608, 801, (1,), generator=g)),
+                int(torch.randint(800, 1334, (1,), generator=g)))
+            images[i, :, :h, :w] = torch.randn(3, h, w, generator=g)
+            padding[i, :h, :w] = False
+        return images, padding
+    return DETR(), inputs, encoder_layers + 12
+
+
+def half(tensors):
+    return [t.half() if t.is_floating_point() else t for t in tensors]
+
+
+def relative(a, b):
+    return ((a - b).norm() / b.norm()).item()
+
+
+def flat(torch, output):
+    outputs = output if isinstance(output, tuple) else (output,)
+    return torch.cat([o.float().flatten() for o in outputs])
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--csv", required=True)
+    parser.add_argument("--models", default=",".join(MODELS), type=lambda t: t.split(","))
+    parser.add_argument("--batches", default="1,32", type=lambda t: [int(b) for b in t.split(",")])
+    parser.add_argument("--windows", type=int, default=7)
+    parser.add_argument("--forwards", type=int, default=5, help="forwards per window")
+    parser.add_argument("--compiled", action="store_true")
+    parser.add_argument("--deadline-s", type=float, default=420)
+    parser.add_argument("--step", default="v8")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    started = time.time()
+
+    import torch
+    import torchvision
+    from attention_steps import mha, torch_op
+    if not torch.cuda.is_available():
+        print("torch sees no CUDA device: nothing measured", file=sys.stderr)
+        return 3
+    if not torch_op.available():
+        print("the operator is not built: pip install --no-build-isolation ./python", file=sys.stderr)
+        return 3
+    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, torchvision "
+          f"{torchvision.__version__}, step {args.step}", flush=True)
+    out = open(args.csv, "w", newline="")
+    writer = csv.DictWriter(out, fieldnames=FIELDS)
+    writer.writeheader()
+    failed = False
+
+    def write(row):
+        writer.writerow(row)
+        out.flush()
+        print(", ".join(f"{k}={v}" for k, v in row.items() if v != ""), flush=True)
+
+    # Every model is built and checked first; then the eager rows of all, then the compiled ones
+    # as far as --deadline-s allows (compiling takes longest).
+    prepared = {}
+    for name in args.models:
+        model, make_inputs, calls = build(torch, torchvision, name, args.seed)
+        model = model.cuda().eval()
+        g = torch.Generator().manual_seed(args.seed + 1)
+        check_inputs = [t.cuda() for t in make_inputs(2, g)]
+        with torch.inference_mode():
+            # The check: stock fp16's distance to fp32 is the noise; the steps may be 3 times it.
+            torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+            reference = flat(torch, model.half().float()(*check_inputs))
+            model.half()
+            check_inputs = half(check_inputs)
+            stock = flat(torch, model(*check_inputs))
+            # Two instances, so that no run, eager or compiled, ever sees its modules change.
+            models = {"stock": model, "steps": copy.deepcopy(model)}
+            swapped_count = mha.swap_multihead_attention(models["steps"], args.step)
+            steps = flat(torch, models["steps"](*check_inputs))
+        noise = relative(stock, reference)
+        tolerance = max(TOLERANCE_FACTOR * noise, 4 * UNIT_ROUNDOFF)
+        error = relative(steps, stock)
+        check = "passed" if error <= tolerance and math.isfinite(error) else "FAILED"
+        failed |= check != "passed"
+        note = (f"outputs vs stock (batch 2): relative {error:.3g}, tolerance {tolerance:.3g} "
+                f"(stock fp16 vs fp32: {noise:.3g}); {swapped_count} modules swapped")
+        print(f"{name}: {note}: {check}", flush=True)
+        prepared[name] = (models, {b: half([t.cuda() for t in make_inputs(b, g)]) for b in args.batches},
+                          calls, check, note)
+
+    for mode in ["eager"] + (["compiled"] if args.compiled else []):
+        for name, (models, inputs_of, calls, check, note) in prepared.items():
+            for batch, inputs in inputs_of.items():
+                base = {"model": name, "batch": batch, "mode": mode, "attention_calls": calls,
+                        "check": check}
+                if time.time() - started > args.deadline_s:
+                    for implementation in models:
+                        write({**base, "implementation": implementation,
+                               "note": f"not run: past --deadline-s {args.deadline_s:.0f}"})
+                    continue
+                runners = {}
+                for implementation, instance in models.items():
+                    function = torch.compile(instance, mode="reduce-overhead") if mode == "compiled" \
+                        else instance
+                    with torch.inference_mode():
+                        for _ in range(3):  # compiles (and records its graphs), warms up
+                            function(*inputs)
+                    torch.cuda.synchronize()
+                    runners[implementation] = function
+                windows = {k: [] for k in runners}
+                start = torch.cuda.Event(enable_timing=True)
+                end = torch.cuda.Event(enable_timing=True)
+                with torch.inference_mode():
+                    for _ in range(args.windows):
+                        for implementation, function in runners.items():
+                            start.record()
+                            for _ in range(args.forwards):
+                                function(*inputs)
+                            end.record()
+                            end.synchronize()
+                            windows[implementation].append(start.elapsed_time(end) / args.forwards)
+                medians = {k: statistics.median(v) for k, v in windows.items()}
+                for implementation, values in windows.items():
+                    write({**base, "implementation": implementation,
+                           "median_ms": f"{medians[implementation]:.3f}",
+                           "low_ms": f"{min(values):.3f}", "high_ms": f"{max(values):.3f}",
+                           "windows": len(values),
+                           "items_per_s": f"{batch * 1000 / medians[implementation]:.1f}",
+                           "vs_stock": f"{medians['stock'] / medians[implementation]:.3f}",
+                           "note": note if implementation == "steps" else ""})
+                del runners
+                torch._dynamo.reset()
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
