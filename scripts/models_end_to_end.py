@@ -227,6 +227,7 @@ def main(argv=None):
 
     # Every model is built and checked first; then the eager rows of all, then the compiled ones
     # as far as --deadline-s allows (compiling takes longest).
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False  # fp32: exact
     prepared = {}
     for name in args.models:
         model, make_inputs, calls = build(torch, torchvision, name, args.seed)
@@ -235,7 +236,6 @@ def main(argv=None):
         check_inputs = [t.cuda() for t in make_inputs(2, g)]
         with torch.inference_mode():
             # The check: stock fp16's distance to fp32 is the noise; the steps may be 3 times it.
-            torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
             reference = flat(torch, model.half().float()(*check_inputs))
             model.half()
             check_inputs = half(check_inputs)
