@@ -10,12 +10,24 @@ StepMultiheadAttention, which keeps the module's own projections and runs
 
 so a DETR decoder's cross-attention (100 queries against the 1050 positions of an image, keys
 and values from the encoder's memory, with positional embeddings added to queries and keys but
-not values) runs through the same kernel as a ViT's self-attention. A call the step cannot take
-goes to the original module, unchanged: attention weights asked for (need_weights=True), an
-attn_mask or is_causal, dropout while training, bias_k/bias_v or add_zero_attn, a dtype other
-than float16 and bfloat16, a head dim the step does not serve. These are decided from the
-module and the call's arguments alone, never from tensor values, so torch.compile traces the
-swapped module whole and a CUDA graph captures it.
+not values) runs through the same kernel as a ViT's self-attention.
+
+No copy is made on the way. The projections are computed in the layout the module's inputs come
+in ([B, N, E] batch-first, [N, B, E] sequence-first), as one GEMM when query, key and value are
+one tensor (a ViT's self-attention), and q, k and v are [B, H, N, D] views of them. A step that
+takes views (v7, v8) reads them where they lie and writes O in the order of q's batch and token
+dimensions (the operator's rule), so the out-projection reads O in place too; for any other step
+the operator makes the contiguous copies. Where attention is a small share of a model's time,
+these copies are what decides whether the swap pays (chapter 11). The views share their strides
+when q, k and v come from one packed projection, or are sequence-first, or are batch-first with
+as many keys as queries; batch-first cross-attention gets the operator's copies.
+
+A call the step cannot take goes to the original module, unchanged: attention weights asked for
+(need_weights=True), an attn_mask or is_causal, a float key_padding_mask (PyTorch adds it to the
+scores; the steps take padding, not a bias), dropout while training, bias_k/bias_v or
+add_zero_attn, a dtype other than float16 and bfloat16, a head dim the step does not serve. These
+are decided from the module and the call's arguments alone, never from tensor values, so
+torch.compile traces the swapped module whole and a CUDA graph captures it.
 
 A row whose keys are all padding gets O = 0 from the steps (the library's definition), where
 PyTorch's module gives NaN; no model here pads every key of an image.
@@ -29,6 +41,10 @@ from . import torch_op
 from ._capi import load_library
 
 _attention_op = torch_op.load_if_built()
+
+# [B, N, H, D] (batch-first) or [N, B, H, D] (sequence-first) to [B, H, N, D], and back.
+_TO_HEADS = {True: (0, 2, 1, 3), False: (1, 2, 0, 3)}
+_FROM_HEADS = {True: (0, 2, 1, 3), False: (2, 0, 1, 3)}
 
 
 class StepMultiheadAttention(nn.Module):
@@ -61,44 +77,43 @@ class StepMultiheadAttention(nn.Module):
         kernel = "attention_fn" if self.attention_fn else f"step={self.step}"
         return f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, {kernel}"
 
-    def _projections(self):
+    def _project(self, query, key, value):
+        """q, k and v as [B, N, H, D] or [N, B, H, D] views of the projections (the input's
+        layout): one GEMM for all three when query, key and value are one tensor and the module
+        packs its weights, as PyTorch's own module does then; one GEMM each otherwise."""
         mha = self._original[0]
+        split = (self.num_heads, self.head_dim)
+        if mha._qkv_same_embed_dim and query is key and key is value:
+            packed = F.linear(query, mha.in_proj_weight, mha.in_proj_bias)
+            return packed.unflatten(-1, (3,) + split).unbind(-3)
         if mha._qkv_same_embed_dim:
             weights = mha.in_proj_weight.chunk(3)
         else:
             weights = (mha.q_proj_weight, mha.k_proj_weight, mha.v_proj_weight)
         biases = mha.in_proj_bias.chunk(3) if mha.in_proj_bias is not None else (None,) * 3
-        return weights, biases
+        return tuple(F.linear(x, w, b).unflatten(-1, split)
+                     for x, w, b in zip((query, key, value), weights, biases))
 
     def forward(self, query, key, value, key_padding_mask=None, need_weights=True,
                 attn_mask=None, average_attn_weights=True, is_causal=False):
         mha = self._original[0]
         if (self.always_original or need_weights or attn_mask is not None or is_causal or
+                (key_padding_mask is not None and key_padding_mask.dtype != torch.bool) or
                 (self.training and mha.dropout > 0) or query.dim() != 3 or
                 (self.attention_fn is None and query.dtype not in (torch.float16, torch.bfloat16))):
             return mha(query, key, value, key_padding_mask=key_padding_mask,
                        need_weights=need_weights, attn_mask=attn_mask,
                        average_attn_weights=average_attn_weights, is_causal=is_causal)
-        if not self.batch_first:  # [N, B, E] -> [B, N, E]
-            query, key, value = (t.transpose(0, 1) for t in (query, key, value))
-        batch, queries, _ = query.shape
-        keys = key.shape[1]
-        (w_q, w_k, w_v), (b_q, b_k, b_v) = self._projections()
-        heads, head_dim = self.num_heads, self.head_dim
-        q = F.linear(query, w_q, b_q).view(batch, queries, heads, head_dim).transpose(1, 2)
-        k = F.linear(key, w_k, b_k).view(batch, keys, heads, head_dim).transpose(1, 2)
-        v = F.linear(value, w_v, b_v).view(batch, keys, heads, head_dim).transpose(1, 2)
-        if key_padding_mask is not None and key_padding_mask.dtype != torch.bool:
-            key_padding_mask = key_padding_mask.to(torch.bool)  # a float mask: nonzero is padding
+        q, k, v = (t.permute(_TO_HEADS[self.batch_first]) for t in self._project(query, key, value))
         if self.attention_fn is not None:
             o = self.attention_fn(q, k, v, key_padding_mask)
         else:
             operator = _attention_op if _attention_op is not None else torch_op.load()
             o = operator(q, k, v, self.step, None, key_padding_mask,
                          torch_op.needs_grad((q, k, v)))[0]
-        o = o.transpose(1, 2).reshape(batch, queries, self.embed_dim)
-        out = mha.out_proj(o)
-        return (out if self.batch_first else out.transpose(0, 1)), None
+        # Back to the input's layout, [B, N, E] or [N, B, E]: a view where O was written so.
+        o = o.permute(_FROM_HEADS[self.batch_first]).flatten(-2)
+        return mha.out_proj(o), None
 
 
 def swap_multihead_attention(model, step="v8", *, attention_fn=None, library=None):

@@ -34,8 +34,8 @@ def attention(q, k, v, step="v6", *, scale=None):
     """O = softmax(scale Q K^T) V by step `step` (scale None: 1/sqrt(D)), for CUDA fp16
     [B, H, N, D] tensors q, k, v of one shape. Any strides: a step that takes views (v7, v8)
     reads q, k and v in place when they share strides with rows of D contiguous (slices of one
-    packed projection) and returns O as a view of [B, N, H, D] memory; other steps get
-    contiguous copies. Queued on the current stream of their device. Raises ValueError for a
+    packed projection) and returns O as a view of [B, N, H, D] memory ([N, B, H, D] when q is
+    sequence-first); other steps get contiguous copies. Queued on the current stream of their device. Raises ValueError for a
     shape the step does not serve on this GPU (with the library's reason) and for bad tensors,
     TypeError for a dtype other than float16 and bfloat16 (bfloat16 for the steps that take it:
     v6 and v8), RuntimeError for a CUDA failure."""

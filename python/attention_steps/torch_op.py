@@ -7,7 +7,8 @@ The operator itself is C++ (csrc/operator.cpp), built by `pip install --no-build
     attention(Tensor q, Tensor k, Tensor v, str step, float? scale=None,
               Tensor? key_padding_mask=None, bool return_log_sum_exp=False) -> (Tensor, Tensor)
 
-returns O (fp16 [B, H, N, D]; for a step that takes views, a view of [B, N, H, D] memory) and L
+returns O (fp16 [B, H, N, D]; for a step that takes views, a view of [B, N, H, D] memory, or of
+[N, B, H, D] memory when q is sequence-first: O keeps q's order of batch and tokens) and L
 (fp32 [B, H, N], each row's log-sum-exp, when return_log_sum_exp; an empty tensor otherwise).
 This module loads it and registers its fake implementation: the shapes and strides of O and L
 from the shapes of q, k and v alone, so torch.compile traces the operator without running it
@@ -36,7 +37,9 @@ def needs_grad(tensors):
 def _fake_attention(q, k, v, step, scale=None, key_padding_mask=None, return_log_sum_exp=False):
     # The same outputs as the CUDA implementation, for fake (and symbolic) shapes.
     batch, heads, tokens, head_dim = q.shape
-    if _takes_strides(step):
+    if _takes_strides(step) and batch > 1 and tokens > 1 and q.stride(2) > q.stride(0):
+        o = q.new_empty((tokens, batch, heads, head_dim)).permute(1, 2, 0, 3)  # sequence-first
+    elif _takes_strides(step):
         o = q.new_empty((batch, tokens, heads, head_dim)).transpose(1, 2)
     else:
         o = q.new_empty((batch, heads, tokens, head_dim))

@@ -2,8 +2,10 @@
 """attention_steps.mha's wiring on a CPU, with scaled_dot_product_attention standing in for the
 step (attention_fn): any nn.MultiheadAttention swapped computes what it computed before, in
 self-attention and cross-attention, sequence-first and batch-first, packed or separate
-projections, with a key-padding mask; a stand-in that ignores the mask is caught; the calls the
-step cannot take go to the original module; restore puts the modules back. Then the models of
+projections, with a key-padding mask; q, k and v reach the step as views of the projections (one
+packed GEMM for self-attention of one tensor), with one set of strides where the layout allows;
+a stand-in that ignores the mask is caught; the calls the step cannot take (a float mask among
+them) go to the original module; restore puts the modules back. Then the models of
 scripts/models_end_to_end.py (DETR with 3 encoder layers, SETR-Naive) swapped whole: outputs as
 before, every attention module used.
 
@@ -33,13 +35,15 @@ spec.loader.exec_module(script)
 
 
 class StandIn:
-    """What the step computes, on a CPU: padded keys get no weight. Counts its calls."""
+    """What the step computes, on a CPU: padded keys get no weight. Counts its calls and keeps
+    the last call's q, k and v (to see how they reached it)."""
 
     def __init__(self, honour_mask=True):
         self.calls, self.honour_mask = 0, honour_mask
 
     def __call__(self, q, k, v, key_padding_mask):
         self.calls += 1
+        self.qkv = (q, k, v)
         mask = None
         if key_padding_mask is not None and self.honour_mask:
             mask = (~key_padding_mask)[:, None, None, :]
@@ -85,6 +89,47 @@ class Swap(unittest.TestCase):
                             got = self.attend(parent.attention, batch_first, cross, mask)
                             self.assertEqual(stand_in.calls, 1)
                             self.assertLess(relative(got, want), 1e-6)
+
+    def test_q_k_and_v_reach_the_step_as_views_of_the_projections(self):
+        # What lets a step that takes views (v8) read them in place: one set of strides for the
+        # three, no copy. Self-attention of one tensor: slices of one packed projection.
+        # Sequence-first: [N, B, E] projections, whatever the key count.
+        for batch_first in (True, False):
+            for cross in (False, True):
+                with self.subTest(batch_first=batch_first, cross=cross):
+                    torch.manual_seed(1)
+                    parent = nn.Module()
+                    parent.attention = nn.MultiheadAttention(32, 4, batch_first=batch_first).eval()
+                    stand_in = StandIn()
+                    mha.swap_multihead_attention(parent, attention_fn=stand_in)
+                    self.attend(parent.attention, batch_first, cross, mask=False)
+                    q, k, v = stand_in.qkv
+                    self.assertEqual(tuple(q.shape), (2, 4, 7, 8))
+                    if not cross:  # one packed projection [.., .., 3E]: one storage
+                        self.assertTrue(q.untyped_storage().data_ptr() ==
+                                        k.untyped_storage().data_ptr() ==
+                                        v.untyped_storage().data_ptr())
+                    if not (batch_first and cross):  # batch-first cross-attention: strides differ
+                        self.assertEqual(q.stride(), k.stride())
+                        self.assertEqual(q.stride(), v.stride())
+                    embed = 3 * 32 if not cross else 32
+                    tokens_apart = embed if batch_first else 2 * embed
+                    self.assertEqual(q.stride(2), tokens_apart)
+
+    def test_a_float_mask_goes_to_the_module(self):
+        # PyTorch adds a float key_padding_mask to the scores; the steps take padding only.
+        torch.manual_seed(1)
+        parent = nn.Module()
+        parent.attention = nn.MultiheadAttention(32, 4).eval()
+        x = torch.randn(7, 2, 32)
+        bias = torch.zeros(2, 7)
+        bias[0, 2] = -1.5
+        want = parent.attention(x, x, x, key_padding_mask=bias, need_weights=False)[0]
+        stand_in = StandIn()
+        mha.swap_multihead_attention(parent, attention_fn=stand_in)
+        got = parent.attention(x, x, x, key_padding_mask=bias, need_weights=False)[0]
+        self.assertEqual(stand_in.calls, 0)
+        self.assertLess(relative(got, want), 1e-6)
 
     def test_a_stand_in_that_ignores_the_mask_is_caught(self):
         torch.manual_seed(1)

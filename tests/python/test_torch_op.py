@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
 """torch.ops.attention_steps.attention on a GPU, as PyTorch uses an operator.
 
-  - every step that serves the shape, on contiguous tensors and on slices of one packed
-    projection, at tail shapes (N = 1, 65, 130), against SDPA in fp32 with the tolerances of
-    common/check.hpp; L against log-sum-exp in fp64; another scale;
+  - every step that serves the shape, on contiguous tensors, on slices of one packed projection
+    and on views of sequence-first projections, at tail shapes (N = 1, 65, 130), against SDPA in
+    fp32 with the tolerances of common/check.hpp, and O's strides (q's order of batch and tokens
+    for a step that takes views); L against log-sum-exp in fp64; another scale;
   - torch.library.opcheck (schema, fake tensor, autograd registration, AOT dispatch with
-    dynamic shapes) at a tail shape and on packed views;
+    dynamic shapes) at a tail shape, on packed views and on sequence-first cross-attention;
   - a CUDA graph capture of the operator, replayed on new inputs;
   - torch.compile(fullgraph=True), with static and with dynamic shapes, and no graph break
     in a torchvision ViT with a step swapped in;
@@ -77,6 +78,25 @@ def packed_qkv(batch, heads, tokens, head_dim):
     return qkv.permute(2, 0, 3, 1, 4).unbind(0)
 
 
+def sequence_first(batch, heads, tokens, head_dim, kv_tokens=None):
+    """q, k, v as [B, H, N, D] views of sequence-first projections [N, B, H*D], as DETR's
+    modules make them (q of N rows, k and v of N_k)."""
+    def projection(rows):
+        x = torch.randn(rows, batch, heads * head_dim, device="cuda", dtype=torch.half)
+        return x.unflatten(-1, (heads, head_dim)).permute(1, 2, 0, 3)
+    return projection(tokens), projection(kv_tokens or tokens), projection(kv_tokens or tokens)
+
+
+def o_strides(step, batch, heads, tokens, head_dim, layout):
+    """The strides of O from the operator: contiguous for a step that reads contiguous tensors;
+    for one that takes views, [B, N, H, D] memory, or [N, B, H, D] for sequence-first q."""
+    if not steps.load_library().step(step).takes_strides:
+        return (heads * tokens * head_dim, tokens * head_dim, head_dim, 1)
+    if layout == "sequence-first views" and batch > 1 and tokens > 1:
+        return (heads * head_dim, head_dim, batch * heads * head_dim, 1)
+    return (tokens * heads * head_dim, head_dim, heads * head_dim, 1)
+
+
 def unit_roundoff(dtype):
     return BF16_UNIT_ROUNDOFF if dtype == torch.bfloat16 else UNIT_ROUNDOFF
 
@@ -111,24 +131,21 @@ class EveryStep(Checks):
         torch.manual_seed(1)
         ran = 0
         for step, head_dim in served_steps():
-            takes_strides = steps.load_library().step(step).takes_strides
             for tokens in (1, 65, 130):
-                for layout in ("contiguous", "packed views"):
+                for layout in ("contiguous", "packed views", "sequence-first views"):
                     with self.subTest(step=step, head_dim=head_dim, tokens=tokens, layout=layout):
                         if layout == "contiguous":
                             q, k, v = (torch.randn(2, 3, tokens, head_dim, device="cuda",
                                                    dtype=torch.half) for _ in range(3))
-                        else:
+                        elif layout == "packed views":
                             q, k, v = packed_qkv(2, 3, tokens, head_dim)
+                        else:
+                            q, k, v = sequence_first(2, 3, tokens, head_dim)
                         out, rows = attention_op(q, k, v, step)
                         self.assertEqual(rows.numel(), 0)  # L only when asked
                         self.assert_close_to_sdpa(q, k, v, out)
-                        # A step that takes views writes O into [B, N, H, D] memory.
-                        batch, heads, _, _ = q.shape
-                        expected = ((tokens * heads * head_dim, head_dim, heads * head_dim, 1)
-                                    if takes_strides else
-                                    (heads * tokens * head_dim, tokens * head_dim, head_dim, 1))
-                        self.assertEqual(out.stride(), expected)
+                        # A step that takes views writes O in q's order of batch and tokens.
+                        self.assertEqual(out.stride(), o_strides(step, 2, 3, tokens, head_dim, layout))
                         ran += 1
         self.assertGreater(ran, 0)
 
@@ -152,13 +169,19 @@ class EveryStep(Checks):
         self.assertTrue(servers, "no step that serves cross-attention runs here")
         for step, head_dim in servers:
             for tokens, kv_tokens in ((1, 65), (65, 1), (100, 1050), (130, 17)):
-                with self.subTest(step=step, head_dim=head_dim, tokens=tokens, kv_tokens=kv_tokens):
-                    q = torch.randn(2, 3, tokens, head_dim, device="cuda", dtype=torch.half)
-                    k, v = (torch.randn(2, 3, kv_tokens, head_dim, device="cuda", dtype=torch.half)
-                            for _ in range(2))
-                    out, _ = attention_op(q, k, v, step)
-                    self.assertEqual(tuple(out.shape), tuple(q.shape))
-                    self.assert_close_to_sdpa(q, k, v, out)
+                for layout in ("contiguous", "sequence-first views"):  # DETR's: one strides
+                    with self.subTest(step=step, head_dim=head_dim, tokens=tokens,
+                                      kv_tokens=kv_tokens, layout=layout):
+                        if layout == "contiguous":
+                            q = torch.randn(2, 3, tokens, head_dim, device="cuda", dtype=torch.half)
+                            k, v = (torch.randn(2, 3, kv_tokens, head_dim, device="cuda",
+                                                dtype=torch.half) for _ in range(2))
+                        else:
+                            q, k, v = sequence_first(2, 3, tokens, head_dim, kv_tokens)
+                        out, _ = attention_op(q, k, v, step)
+                        self.assertEqual(tuple(out.shape), tuple(q.shape))
+                        self.assertEqual(out.stride(), o_strides(step, 2, 3, tokens, head_dim, layout))
+                        self.assert_close_to_sdpa(q, k, v, out)
 
     def test_key_padding_mask_where_a_step_takes_it(self):
         torch.manual_seed(7)
@@ -200,14 +223,16 @@ class EveryStep(Checks):
 class AsAnOperator(Checks):
     def test_opcheck(self):
         step, head_dim = fastest(64), 64
-        for layout in ("contiguous", "packed views"):
+        for layout in ("contiguous", "packed views", "sequence-first views"):
             for with_rows in (False, True):
                 with self.subTest(step=step, layout=layout, log_sum_exp=with_rows):
                     if layout == "contiguous":
                         q, k, v = (torch.randn(2, 3, 65, head_dim, device="cuda",
                                                dtype=torch.half) for _ in range(3))
-                    else:
+                    elif layout == "packed views":
                         q, k, v = packed_qkv(2, 3, 65, head_dim)
+                    else:
+                        q, k, v = sequence_first(2, 3, 65, head_dim, 130)
                     torch.library.opcheck(attention_op.default, (q, k, v, step, None, None,
                                                                  with_rows))
 

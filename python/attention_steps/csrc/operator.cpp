@@ -10,9 +10,11 @@
 //
 // Functional: it allocates O and L (L: [B, H, N] fp32, each row's log-sum-exp, when asked; an
 // empty tensor otherwise). A step that takes views reads q, k and v where they are (a packed
-// projection's slices) and writes O into [B, N, H, D] memory, returned as its [B, H, N, D] view,
-// so the out-projection reads it without a copy; python/attention_steps/torch_op.py states the
-// same strides for torch.compile (its fake implementation).
+// projection's slices, a sequence-first projection) and writes O into [B, N, H, D] memory, or
+// [N, B, H, D] when q is sequence-first (its tokens lie farther apart than its batches), returned
+// as a [B, H, N, D] view: O keeps q's order of batch and tokens, so the out-projection reads it
+// without a copy. python/attention_steps/torch_op.py states the same strides for torch.compile
+// (its fake implementation).
 //
 // Autograd: a C++ autograd function saves Q, K, V, O and L; its backward runs
 // attention_backward with the backward step that serves the head dim on this GPU (v10 on Hopper,
@@ -209,9 +211,14 @@ std::tuple<at::Tensor, at::Tensor> attention_kernel(const at::Tensor& q, const a
   const at::Tensor q_in = strides ? q : q.contiguous();
   const at::Tensor k_in = strides ? k : k.contiguous();
   const at::Tensor v_in = strides ? v : v.contiguous();
-  const at::Tensor o = facts.takes_strides
-                           ? at::empty({batch, tokens, heads, head_dim}, q.options()).transpose(1, 2)
-                           : at::empty({batch, heads, tokens, head_dim}, q.options());
+  // O keeps q's order of batch and tokens for a step that writes views (the rule the fake
+  // implementation in torch_op.py repeats): sequence-first when q's tokens lie farther apart than
+  // its batches, as the heads of an [N, B, E] projection do.
+  const bool sequence_first = batch > 1 && tokens > 1 && q.stride(2) > q.stride(0);
+  const at::Tensor o =
+      !facts.takes_strides ? at::empty({batch, heads, tokens, head_dim}, q.options())
+      : sequence_first     ? at::empty({tokens, batch, heads, head_dim}, q.options()).permute({1, 2, 0, 3})
+                           : at::empty({batch, tokens, heads, head_dim}, q.options()).transpose(1, 2);
   const at::Tensor log_sum_exp =
       at::empty(return_log_sum_exp ? at::IntArrayRef{batch, heads, tokens} : at::IntArrayRef{0},
                 q.options().dtype(at::kFloat));
@@ -243,7 +250,7 @@ std::tuple<at::Tensor, at::Tensor> attention_kernel(const at::Tensor& q, const a
     call.key_padding_mask = padding.data_ptr();
   }
   if (strides) call.qkv_strides = *strides;
-  if (facts.takes_strides) call.o_strides = attn_strides{tokens * heads * head_dim, head_dim, heads * head_dim};
+  if (facts.takes_strides) call.o_strides = attn_strides{o.stride(0), o.stride(1), o.stride(2)};
   call.scale = scale.value_or(0.0);
   call.stream = at::cuda::getCurrentCUDAStream(q.get_device()).stream();
   call.pointers_checked_by_caller = 1;  // torch tensors of this device, torch's stream
