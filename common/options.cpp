@@ -84,7 +84,7 @@ std::string step_usage(const std::string& program) {
          "  --kv-tokens N_k  keys and values per (b, h), for cross-attention (default: N, as\n"
          "                   many as the queries); the steps that serve it: 0, 6, 8\n"
          "  --key-padding    a [B, N_k] key-padding mask with the inputs (keys it marks get no\n"
-         "                   weight; drawn as a DETR batch pads its images): steps 6 and 8\n"
+         "                   weight; drawn as a DETR batch pads its images): steps 0, 6, 8\n"
          "  --dtype T        element type of Q, K, V and O: fp16 (default) or bf16, for the\n"
          "                   steps that take it (steps 6, 8, 9); the others refuse bf16\n"
          "  --iters I        timed runs (default: up to 50 within about 2 s)\n"

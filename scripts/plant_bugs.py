@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Proves that the tests can fail: plants the bugs students make into copies of the flash steps
-(v6, v7, v8, and the backward steps v9 and v10) and runs each copy through the GPU suite, in a normal build and, for the Hopper
+(v6, v7, v8, and the backward steps v9 and v10; step 0's key-padding mask too) and runs each copy through the GPU suite, in a normal build and, for the Hopper
 steps, in the checked build of the asynchronous pipeline. Every copy must be caught by one of
 the two; the report says which caught which, and the checked build's line names the rule.
 
@@ -51,7 +51,7 @@ class Bug:
         return "90a" if self.hopper else "90"
 
 
-V6, V7, V8, V9 = "v6_flash", "v7_tma_wgmma", "v8_warp_specialized", "v9_flash_backward"
+V0, V6, V7, V8, V9 = "v0_naive", "v6_flash", "v7_tma_wgmma", "v8_warp_specialized", "v9_flash_backward"
 V10 = "v10_hopper_backward"
 KEY_MASK_TEST = "key mask*"  # tests/test_steps_gpu.cpp: real scores strongly negative
 BUGS = [
@@ -62,7 +62,11 @@ BUGS = [
     Bug("v6maskignored", V6, "keys the key-padding mask marks keep their scores",
         [("if (key < tile_keys && padding[key] != 0) {", "if (false) {", 1)]),
     Bug("v8maskignored", V8, "keys the key-padding mask marks keep their scores",
-        [("if (key < tile_keys && padding[key] != 0) {", "if (false) {", 1)]),
+        [("if ((mine >> column) & 1) {", "if (false) {", 1)]),
+    Bug("v8maskwrongkeys", V8, "every lane of a quad applies the first lane's mask bits",
+        [("padded.words[i / 4] >> (8 * (i % 4) + 2 * quad_lane)", "padded.words[i / 4] >> (8 * (i % 4))", 1)]),
+    Bug("v0maskignored", V0, "keys the key-padding mask marks keep their weight",
+        [("if (padded(j)) continue;  // no weight at all, not a small one", "", 1)]),
     Bug("v6nonorm", V6, "O not divided by the row sum",
         [("const float inverse = no_key ? 0.0f : 1.0f / total;",
           "const float inverse = no_key ? 0.0f : 1.0f;", 1)]),

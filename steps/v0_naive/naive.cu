@@ -6,7 +6,9 @@
 // recomputed by all D threads of a row, twice: about 2*D times the FLOPs the problem needs,
 // and every Q, K, V element is fetched from global memory (or cache) over and over.
 // It is correct for any N and D, which makes it the yardstick for every later step. The keys and
-// values may be fewer or more than the queries (cross-attention: N_k keys, AttentionArgs::kv_tokens).
+// values may be fewer or more than the queries (cross-attention: N_k keys, AttentionArgs::kv_tokens),
+// and a key-padding mask may take keys out of every row of a batch element (padded(j)); a row left
+// with no key is O = 0.
 #include <cuda_fp16.h>
 
 #include <cmath>
@@ -19,8 +21,9 @@ namespace {
 constexpr int kThreadsPerBlock = 256;
 
 __global__ void naive_attention_kernel(const __half* q, const __half* k, const __half* v,
-                                       __half* o, int64_t total, int tokens, int kv_tokens,
-                                       int head_dim, float scale) {
+                                       __half* o, const uint8_t* key_padding, int64_t total,
+                                       int heads, int tokens, int kv_tokens, int head_dim,
+                                       float scale) {
   const int64_t index = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (index >= total) return;
   // index = ((slice * N) + row) * D + column, matching the [B, H, N, D] layout of O.
@@ -30,8 +33,12 @@ __global__ void naive_attention_kernel(const __half* q, const __half* k, const _
   const __half* q_row = q + row_index * head_dim;
   const __half* k_slice = k + slice_offset;
   const __half* v_slice = v + slice_offset;
+  // Key j of this row's batch element is padding ([B, N_k] bytes, 1: padding; no mask: none is).
+  const uint8_t* padding_row =
+      key_padding == nullptr ? nullptr : key_padding + (row_index / tokens / heads) * kv_tokens;
+  auto padded = [&](int j) { return padding_row != nullptr && padding_row[j] != 0; };
 
-  // BEGIN EXERCISE: o[index] = softmax(q_row . K^T * scale) . V[:, column], stable, in fp32
+  // BEGIN EXERCISE: o[index] = softmax(q_row . K^T * scale) . V[:, column] over the keys not padded(j), stable, fp32 (none left: 0)
   auto score = [&](int j) {
     float dot = 0.0f;
     for (int c = 0; c < head_dim; ++c) {
@@ -41,15 +48,18 @@ __global__ void naive_attention_kernel(const __half* q, const __half* k, const _
   };
 
   float row_max = -INFINITY;
-  for (int j = 0; j < kv_tokens; ++j) row_max = fmaxf(row_max, score(j));
+  for (int j = 0; j < kv_tokens; ++j) {
+    if (!padded(j)) row_max = fmaxf(row_max, score(j));
+  }
 
   float row_sum = 0.0f, weighted = 0.0f;
   for (int j = 0; j < kv_tokens; ++j) {
+    if (padded(j)) continue;  // no weight at all, not a small one
     const float p = expf(score(j) - row_max);
     row_sum += p;
     weighted += p * __half2float(v_slice[int64_t(j) * head_dim + column]);
   }
-  o[index] = __float2half(weighted / row_sum);
+  o[index] = __float2half(row_sum > 0.0f ? weighted / row_sum : 0.0f);  // no key left: O = 0
   // END EXERCISE
 }
 
@@ -58,7 +68,8 @@ void launch_naive(const attn::AttentionArgs& args) {
   const float scale = float(args.scale);
   const unsigned blocks = unsigned((total + kThreadsPerBlock - 1) / kThreadsPerBlock);
   naive_attention_kernel<<<blocks, kThreadsPerBlock, 0, args.stream>>>(
-      args.q, args.k, args.v, args.o, total, args.tokens, args.kv_tokens, args.head_dim, scale);
+      args.q, args.k, args.v, args.o, args.key_padding_mask, total, args.heads, args.tokens,
+      args.kv_tokens, args.head_dim, scale);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -69,4 +80,5 @@ ATTN_REGISTER_STEP(attn::StepInfo{ATTN_STEP_ID, "naive: one thread per output el
                                   attn::StepKind::step, /*takes_strides=*/false,
                                   /*pipeline_report=*/nullptr, /*writes_log_sum_exp=*/false,
                                   /*launch_backward=*/nullptr, /*forward_step=*/"",
-                                  {attn::DType::fp16}, /*takes_kv_tokens=*/true})
+                                  {attn::DType::fp16}, /*takes_kv_tokens=*/true,
+                                  /*takes_key_padding_mask=*/true})

@@ -310,15 +310,48 @@ __global__ void __launch_bounds__(T::kThreads, 1)
                         pairwise(sums, [](float a, float b) { return a + b; });
       }
     };
-    // Keys of K/V tile kv_tile that the mask marks as padding (kMasked): kPaddedScore.
-    auto mask_padding = [&](int kv_tile) {
+    // The mask (kMasked) of K/V tile kv_tile, one bit per key (bit j of word w: key 32 w + j),
+    // the same in every lane of the warp: each lane reads one key in 32 (a warp's loads are 32
+    // consecutive bytes), and a ballot shares the answers. The bytes of the next tile are fetched
+    // while this one is computed, so neither the softmax nor the ping-pong's hand-over waits on a
+    // load. A lane past N_k reads the tile's last key instead (in bounds) and votes no.
+    constexpr int kPaddingWords = (kBlockN + 31) / 32;
+    struct PaddingBytes {
+      uint8_t bytes[kPaddingWords];
+    };
+    struct Padding {
+      uint32_t words[kPaddingWords];
+    };
+    auto fetch_padding = [&](int kv_tile) {
+      PaddingBytes fetched{};
       if constexpr (kMasked) {
         const uint8_t* padding = key_padding + int64_t(tile.batch) * kv_tokens + kv_tile * kBlockN;
         const int tile_keys = min(kBlockN, kv_tokens - kv_tile * kBlockN);
+        for (int w = 0; w < kPaddingWords; ++w) {
+          fetched.bytes[w] = padding[min(32 * w + lane, tile_keys - 1)];
+        }
+      }
+      return fetched;
+    };
+    auto vote_padding = [&](const PaddingBytes& fetched, int kv_tile) {
+      Padding padded{};
+      if constexpr (kMasked) {
+        const int tile_keys = min(kBlockN, kv_tokens - kv_tile * kBlockN);
+        for (int w = 0; w < kPaddingWords; ++w) {
+          padded.words[w] =
+              __ballot_sync(0xffffffffu, fetched.bytes[w] != 0 && 32 * w + lane < tile_keys);
+        }
+      }
+      return padded;
+    };
+    // Keys the mask marks as padding get kPaddedScore. This thread's keys of 8-key block i are
+    // 8 i + 2 quad_lane + {0, 1}: bits of word i / 4, since a block never straddles two words.
+    auto mask_padding = [&](const Padding& padded) {
+      if constexpr (kMasked) {
         for (int i = 0; i < kBlockN / 8; ++i) {
+          const uint32_t mine = padded.words[i / 4] >> (8 * (i % 4) + 2 * quad_lane);
           for (int column = 0; column < 2; ++column) {
-            const int key = 8 * i + 2 * quad_lane + column;
-            if (key < tile_keys && padding[key] != 0) {
+            if ((mine >> column) & 1) {
               s_acc[4 * i + column] = kPaddedScore;
               s_acc[4 * i + column + 2] = kPaddedScore;
             }
@@ -340,6 +373,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
 
     // Visit 0 is the last K/V tile: the only one that can hold keys past N_k (their K rows are
     // TMA's zeros), which get -inf, so p = 0.
+    PaddingBytes fetched = fetch_padding(kv_tiles - 1);
     k_ring.wait_full(kv_use);
     issue_scores(kv_use);
     groups.wait<0>();
@@ -353,7 +387,8 @@ __global__ void __launch_bounds__(T::kThreads, 1)
         }
       }
     }
-    mask_padding(kv_tiles - 1);
+    mask_padding(vote_padding(fetched, kv_tiles - 1));
+    if (kv_tiles > 1) fetched = fetch_padding(kv_tiles - 2);
     softmax();  // O is still zero: nothing to correct
     pack_probabilities();
 
@@ -370,7 +405,8 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       groups.wait<1>();  // S is ready; P V may still run
       hopper::fence_registers(s_acc);
       k_ring.release(kv_use + i, lane, groups);
-      mask_padding(kv_tiles - 1 - i);
+      mask_padding(vote_padding(fetched, kv_tiles - 1 - i));
+      if (i + 1 < kv_tiles) fetched = fetch_padding(kv_tiles - 2 - i);
       softmax();
       await_output();  // now the V buffer is free, and O and P may change
       v_ring.release(kv_use + i - 1, lane, groups);
