@@ -22,13 +22,16 @@ Random weights from a fixed seed (the speed and the check do not depend on train
 is checked first, at batch 2: its outputs with the steps against stock's, with the tolerance
 scripts/vit_end_to_end.py derives (3 times stock fp16's own distance to the model run in fp32,
 at least 4u relative). Then each (model, batch) is timed: stock and swapped alternate in
---windows windows of CUDA-event-timed forwards after a warm-up; a row holds the median of the
-window medians and their spread. With --compiled, the same for both under
-torch.compile(mode="reduce-overhead") (CUDA graphs), as long as --deadline-s allows; a row that
-would not fit says so.
+--windows windows of CUDA-event-timed forwards after a warm-up (each window about
+--window-ms long, Python's garbage collector held off); a row holds the median of the windows and
+their lowest and highest. Every eager row also holds attention's share of the GPU time, from one
+forward under torch.profiler (its kernels sorted as scripts/vit_end_to_end.py sorts them: SDPA's
+for stock, the step's for the swapped model): the f of Amdahl's law. With --compiled, the same
+timing for both under torch.compile(mode="reduce-overhead") (CUDA graphs), as long as
+--deadline-s allows; a row that would not fit says so. The log says what each phase took.
 
     python3 scripts/models_end_to_end.py --csv models_end_to_end.csv [--models vit_h_14,...]
-        [--batches 1,32] [--windows 7] [--compiled] [--deadline-s 420]
+        [--batches 1,32] [--windows 9] [--window-ms 150] [--compiled] [--deadline-s 420]
 
 Needs torch, torchvision and the operator (pip install --no-build-isolation ./python).
 Exit status: 0 every check passed, 1 a check failed, 3 no CUDA device or no operator.
@@ -36,7 +39,10 @@ Exit status: 0 every check passed, 1 a check failed, 3 no CUDA device or no oper
 import argparse
 import copy
 import csv
+import gc
+import importlib.util
 import math
+import pathlib
 import statistics
 import sys
 import time
@@ -45,7 +51,17 @@ UNIT_ROUNDOFF = 2.0 ** -11
 TOLERANCE_FACTOR = 3.0
 MODELS = ["vit_h_14", "setr_naive", "detr_e3", "detr_e6", "detr_e12"]
 FIELDS = ["model", "batch", "mode", "implementation", "median_ms", "low_ms", "high_ms", "windows",
-          "items_per_s", "vs_stock", "attention_calls", "check", "note"]
+          "forwards_per_window", "items_per_s", "vs_stock", "attention_calls", "attention_ms",
+          "attention_share", "attention_kernel", "check", "note"]
+
+
+def load_vit_end_to_end():
+    """scripts/vit_end_to_end.py, for its kernel categories and its profiler (one home for both)."""
+    path = pathlib.Path(__file__).resolve().parent / "vit_end_to_end.py"
+    spec = importlib.util.spec_from_file_location("vit_end_to_end", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def build(torch, torchvision, name, seed):
@@ -195,8 +211,9 @@ def main(argv=None):
     parser.add_argument("--csv", required=True)
     parser.add_argument("--models", default=",".join(MODELS), type=lambda t: t.split(","))
     parser.add_argument("--batches", default="1,32", type=lambda t: [int(b) for b in t.split(",")])
-    parser.add_argument("--windows", type=int, default=7)
-    parser.add_argument("--forwards", type=int, default=5, help="forwards per window")
+    parser.add_argument("--windows", type=int, default=9)
+    parser.add_argument("--window-ms", type=float, default=150,
+                        help="each window's length: as many forwards as fill it (2 to 50)")
     parser.add_argument("--compiled", action="store_true")
     parser.add_argument("--deadline-s", type=float, default=420)
     parser.add_argument("--step", default="v8")
@@ -207,6 +224,7 @@ def main(argv=None):
     import torch
     import torchvision
     from attention_steps import mha, torch_op
+    profiling = load_vit_end_to_end()
     if not torch.cuda.is_available():
         print("torch sees no CUDA device: nothing measured", file=sys.stderr)
         return 3
@@ -225,11 +243,27 @@ def main(argv=None):
         out.flush()
         print(", ".join(f"{k}={v}" for k, v in row.items() if v != ""), flush=True)
 
+    def phase(text, since):
+        print(f"[{time.time() - started:6.1f} s] {text} ({time.time() - since:.1f} s)", flush=True)
+
+    def attention_profile(function, inputs):
+        """Attention's GPU time in one forward (ms), its share of all the forward's kernels, and
+        its largest kernel: SDPA's in stock, the step's (inside attention_steps::) swapped."""
+        with torch.inference_mode():
+            result, _ = profiling.profile_forward(torch, lambda: function(*inputs), 1,
+                                                  "attention_steps::")
+        total = sum(category["ms"] for category in result.values())
+        attention = result["attention"]
+        return {"attention_ms": f"{attention['ms']:.3f}",
+                "attention_share": f"{attention['ms'] / total:.4f}" if total else "",
+                "attention_kernel": attention["top_kernel"][:100]}
+
     # Every model is built and checked first; then the eager rows of all, then the compiled ones
     # as far as --deadline-s allows (compiling takes longest).
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False  # fp32: exact
     prepared = {}
     for name in args.models:
+        since = time.time()
         model, make_inputs, calls = build(torch, torchvision, name, args.seed)
         model = model.cuda().eval()
         g = torch.Generator().manual_seed(args.seed + 1)
@@ -254,6 +288,7 @@ def main(argv=None):
         print(f"{name}: {note}: {check}", flush=True)
         prepared[name] = (models, {b: half([t.cuda() for t in make_inputs(b, g)]) for b in args.batches},
                           calls, check, note)
+        phase(f"{name} built and checked", since)
 
     for mode in ["eager"] + (["compiled"] if args.compiled else []):
         for name, (models, inputs_of, calls, check, note) in prepared.items():
@@ -265,36 +300,55 @@ def main(argv=None):
                         write({**base, "implementation": implementation,
                                "note": f"not run: past --deadline-s {args.deadline_s:.0f}"})
                     continue
+                since = time.time()
                 runners = {}
+                start = torch.cuda.Event(enable_timing=True)
+                end = torch.cuda.Event(enable_timing=True)
+                forward_ms = {}
                 for implementation, instance in models.items():
                     function = torch.compile(instance, mode="reduce-overhead") if mode == "compiled" \
                         else instance
                     with torch.inference_mode():
                         for _ in range(3):  # compiles (and records its graphs), warms up
-                            function(*inputs)
-                    torch.cuda.synchronize()
-                    runners[implementation] = function
-                windows = {k: [] for k in runners}
-                start = torch.cuda.Event(enable_timing=True)
-                end = torch.cuda.Event(enable_timing=True)
-                with torch.inference_mode():
-                    for _ in range(args.windows):
-                        for implementation, function in runners.items():
                             start.record()
-                            for _ in range(args.forwards):
-                                function(*inputs)
+                            function(*inputs)
                             end.record()
-                            end.synchronize()
-                            windows[implementation].append(start.elapsed_time(end) / args.forwards)
+                    torch.cuda.synchronize()
+                    forward_ms[implementation] = start.elapsed_time(end)  # the last warm-up's
+                    runners[implementation] = function
+                phase(f"{name}, batch {batch}, {mode}: compiled and warmed up" if mode == "compiled"
+                      else f"{name}, batch {batch}, {mode}: warmed up", since)
+                since = time.time()
+                forwards = max(2, min(50, math.ceil(args.window_ms / max(forward_ms.values()))))
+                windows = {k: [] for k in runners}
+                gc.collect()
+                gc.disable()  # a collection inside a window would be timed as the model's
+                try:
+                    with torch.inference_mode():
+                        for _ in range(args.windows):
+                            for implementation, function in runners.items():
+                                start.record()
+                                for _ in range(forwards):
+                                    function(*inputs)
+                                end.record()
+                                end.synchronize()
+                                windows[implementation].append(start.elapsed_time(end) / forwards)
+                finally:
+                    gc.enable()
+                profiles = {k: {} for k in runners}
+                if mode == "eager":  # attention's share: Amdahl's f, for stock and swapped
+                    profiles = {k: attention_profile(f, inputs) for k, f in runners.items()}
                 medians = {k: statistics.median(v) for k, v in windows.items()}
                 for implementation, values in windows.items():
                     write({**base, "implementation": implementation,
                            "median_ms": f"{medians[implementation]:.3f}",
                            "low_ms": f"{min(values):.3f}", "high_ms": f"{max(values):.3f}",
-                           "windows": len(values),
+                           "windows": len(values), "forwards_per_window": forwards,
                            "items_per_s": f"{batch * 1000 / medians[implementation]:.1f}",
                            "vs_stock": f"{medians['stock'] / medians[implementation]:.3f}",
+                           **profiles[implementation],
                            "note": note if implementation == "steps" else ""})
+                phase(f"{name}, batch {batch}, {mode}: timed", since)
                 del runners
                 torch._dynamo.reset()
     return 1 if failed else 0
