@@ -451,12 +451,15 @@ namespace {
 // The contiguous strides of the shape given explicitly are no strides at all: every step takes
 // those. Others must keep every row of D values 16-byte aligned.
 attn::TensorStrides strides_of(const char* name, const attn_strides& given,
-                               const attn::Shape& shape) {
+                               const attn::Shape& shape, bool keys_too) {
   const attn::TensorStrides strides{given.batch, given.head, given.token};
   const attn::TensorStrides contiguous =
       attn::actual_strides({}, shape.heads, shape.tokens, shape.head_dim);
-  if (strides.contiguous() || (strides.batch == contiguous.batch &&
-                               strides.head == contiguous.head && strides.token == contiguous.token)) {
+  // Strides equal to Q's contiguous ones are no views, except where they are also K's and V's
+  // in cross-attention: contiguous K and V would have N_k rows a slice, not N.
+  const bool same_as_contiguous = strides.batch == contiguous.batch &&
+                                  strides.head == contiguous.head && strides.token == contiguous.token;
+  if (strides.contiguous() || (same_as_contiguous && !(keys_too && shape.cross()))) {
     return {};
   }
   for (int64_t stride : {given.batch, given.head, given.token}) {
@@ -482,11 +485,6 @@ void launch_call(const char* id, const attn_launch_args& call) {
       with_dtype(shape_of(call.batch, call.heads, call.tokens, call.head_dim), call.dtype);
   if (call.kv_tokens != 0) {  // cross-attention: N_k keys and values; a step that serves it
     shape.kv_tokens = shape_of(1, 1, call.kv_tokens, call.head_dim).tokens;
-    const bool views = (call.qkv_strides.batch | call.qkv_strides.head | call.qkv_strides.token) != 0;
-    if (shape.cross() && views) {
-      throw Refused{"kv_tokens " + std::to_string(call.kv_tokens) + " with strided q, k and v: "
-                    "cross-attention takes contiguous tensors"};
-    }
   }
   // A mask is part of the problem: a step that takes none refuses it, naming --key-padding.
   shape.key_padding = call.key_padding_mask != nullptr;
@@ -497,8 +495,8 @@ void launch_call(const char* id, const attn_launch_args& call) {
   check_scale(call.scale);
   attn::AttentionArgs args = args_for(shape, call.q, call.k, call.v, call.o, nullptr, call.stream);
   if (call.scale > 0.0) args.scale = call.scale;
-  args.qkv_strides = strides_of("qkv", call.qkv_strides, shape);
-  args.o_strides = strides_of("o", call.o_strides, shape);
+  args.qkv_strides = strides_of("qkv", call.qkv_strides, shape, /*keys_too=*/true);
+  args.o_strides = strides_of("o", call.o_strides, shape, /*keys_too=*/false);
   if ((!args.qkv_strides.contiguous() || !args.o_strides.contiguous()) && !step.takes_strides) {
     throw Refused{step.id + " reads and writes contiguous [B, H, N, D] tensors only; give "
                   "contiguous ones, or use a step that takes views"};

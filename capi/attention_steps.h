@@ -160,7 +160,9 @@ typedef struct attn_launch_args {
   void* log_sum_exp;  /* NULL, or L as attn_run_with_log_sum_exp writes it: [B, H, N] fp32 */
   int64_t batch, heads, tokens, head_dim;
   /* Keys and values per (b, h), N_k; 0 means `tokens`. Another count is cross-attention: k and
-   * v are then contiguous [B, H, N_k, D], for a step whose info has takes_kv_tokens. */
+   * v are then [B, H, N_k, D], for a step whose info has takes_kv_tokens: contiguous, or views
+   * with qkv_strides, shared with q (as sequence-first [N, B, H*D] projections give them), for a
+   * step that also takes_strides. */
   int64_t kv_tokens;
   /* NULL, or [B, N_k] bytes on the device, nonzero where a key is padding (PyTorch's bool
    * key_padding_mask): those keys get no weight, and a row with no key left is O = 0 (L = -inf).

@@ -184,6 +184,74 @@ TEST_CASE("views: Q, K, V cut from one packed projection [B, N, 3, H, D], O writ
   }
 }
 
+TEST_CASE("views in cross-attention: sequence-first Q [N, B, H, D], K and V [N_k, B, H, D], one set of strides") {
+  if (!step.takes_kv_tokens) return;  // the cross-attention test case checks the refusal
+  const attn::Stream stream;
+  for (int head_dim : head_dims()) {
+    for (const auto& [tokens, kv_tokens] : {std::pair<int64_t, int64_t>{65, 130}, {100, 1050}, {1, 17}}) {
+      attn::Shape shape{2, 3, tokens, head_dim, attn::DType::fp16, kv_tokens};
+      CAPTURE(shape.str());
+      if (check_shape(shape).status != ATTN_OK) continue;
+      const attn::HostTensors inputs = attn::make_inputs(shape, 37);
+      const int64_t B = shape.batch, H = shape.heads, D = shape.head_dim;
+      // [rows, B, H, D] from [B, H, rows, D]: a DETR module's projection, and back.
+      auto sequence_first = [&](const std::vector<__half>& from, int64_t rows) {
+        std::vector<__half> to(from.size());
+        for (int64_t b = 0; b < B; ++b)
+          for (int64_t h = 0; h < H; ++h)
+            for (int64_t n = 0; n < rows; ++n)
+              std::memcpy(&to[std::size_t(((n * B + b) * H + h) * D)],
+                          &from[std::size_t(((b * H + h) * rows + n) * D)], std::size_t(D) * 2);
+        return to;
+      };
+      auto upload = [&](const std::vector<__half>& host) {
+        attn::DeviceBuffer<__half> device(host.size());
+        CUDA_CHECK(cudaMemcpy(device.data(), host.data(), device.bytes(), cudaMemcpyHostToDevice));
+        return device;
+      };
+      const attn::DeviceBuffer<__half> q = upload(sequence_first(inputs.q, tokens));
+      const attn::DeviceBuffer<__half> k = upload(sequence_first(inputs.k, kv_tokens));
+      const attn::DeviceBuffer<__half> v = upload(sequence_first(inputs.v, kv_tokens));
+      attn::DeviceBuffer<__half> o(std::size_t(shape.elements()));
+      CUDA_CHECK(cudaMemset(o.data(), 0xFF, o.bytes()));
+      CUDA_CHECK(cudaStreamSynchronize(cudaStreamLegacy));
+      attn_launch_args call{};
+      call.q = q.data();
+      call.k = k.data();
+      call.v = v.data();
+      call.o = o.data();
+      call.batch = B;
+      call.heads = H;
+      call.tokens = tokens;
+      call.head_dim = D;
+      call.kv_tokens = kv_tokens;
+      call.qkv_strides = attn_strides{H * D, D, B * H * D};  // the same for N and N_k rows
+      call.o_strides = attn_strides{H * D, D, B * H * D};
+      call.stream = stream.get();
+      char message[1024] = "";
+      const int status = attn_launch(step.id, &call, message, sizeof message);
+      INFO("attn_launch: " << message);
+      CUDA_CHECK(cudaStreamSynchronize(stream.get()));
+      if (!step.takes_strides) {
+        CHECK(status == ATTN_REFUSED);
+        CHECK(contains(message, "contiguous"));
+        continue;
+      }
+      REQUIRE(status == ATTN_OK);
+      std::vector<__half> host_o(o.size()), output(o.size());
+      CUDA_CHECK(cudaMemcpy(host_o.data(), o.data(), o.bytes(), cudaMemcpyDeviceToHost));
+      for (int64_t b = 0; b < B; ++b)  // [N, B, H, D] back to [B, H, N, D]
+        for (int64_t h = 0; h < H; ++h)
+          for (int64_t n = 0; n < tokens; ++n)
+            std::memcpy(&output[std::size_t(((b * H + h) * tokens + n) * D)],
+                        &host_o[std::size_t(((n * B + b) * H + h) * D)], std::size_t(D) * 2);
+      const attn::Reference reference =
+          attn::compute_reference(inputs, attn::slices_to_check(shape, attn::CheckMode::full, 1));
+      require_pass(attn::compare(inputs, reference, output));
+    }
+  }
+}
+
 TEST_CASE("L, the log-sum-exp of each row: written by the steps that say so, refused by the others") {
   const attn::Stream stream;
   for (int head_dim : head_dims()) {

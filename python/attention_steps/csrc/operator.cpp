@@ -128,25 +128,32 @@ void check_tensor(const char* name, const at::Tensor& tensor, const at::Tensor& 
                     "device; ", name, " is on ", tensor.device(), ", q on ", q.device());
 }
 
-// A view the steps that take strides read in place: rows of D contiguous, and strides the C ABI
-// takes (multiples of 8 elements, at least D). A dimension of size 1 has no meaningful stride:
-// the contiguous one stands in for it.
-std::optional<attn_strides> view_strides(const at::Tensor& tensor) {
-  if (tensor.stride(3) != 1 && tensor.size(3) > 1) return std::nullopt;
-  if (reinterpret_cast<std::uintptr_t>(tensor.data_ptr()) % 16 != 0) return std::nullopt;
-  const int64_t head_dim = tensor.size(3);
-  const int64_t contiguous[3] = {tensor.size(1) * tensor.size(2) * head_dim,
-                                 tensor.size(2) * head_dim, head_dim};
-  int64_t strides[3];
-  for (int dim = 0; dim < 3; ++dim) {
-    strides[dim] = tensor.size(dim) == 1 ? contiguous[dim] : tensor.stride(dim);
-    if (strides[dim] < head_dim || strides[dim] % 8 != 0) return std::nullopt;
+// The strides q, k and v share, for a step that reads views in place: rows of D contiguous,
+// 16-byte aligned, and for each of batch, head and token one stride for every tensor whose
+// dimension is longer than 1 (a dimension of size 1 has no meaningful stride: q of one token, the
+// batch of 1; where all three are of size 1, q's contiguous stride stands in), each a multiple of
+// 8 elements and at least D, as the C ABI takes them. Nothing when they do not share one.
+std::optional<attn_strides> shared_view_strides(const at::Tensor& q, const at::Tensor& k,
+                                                const at::Tensor& v) {
+  const at::Tensor* tensors[3] = {&q, &k, &v};
+  const int64_t head_dim = q.size(3);
+  for (const at::Tensor* tensor : tensors) {
+    if (tensor->stride(3) != 1 && head_dim > 1) return std::nullopt;
+    if (reinterpret_cast<std::uintptr_t>(tensor->data_ptr()) % 16 != 0) return std::nullopt;
   }
-  return attn_strides{strides[0], strides[1], strides[2]};
-}
-
-bool same(const attn_strides& a, const attn_strides& b) {
-  return a.batch == b.batch && a.head == b.head && a.token == b.token;
+  const int64_t contiguous[3] = {q.size(1) * q.size(2) * head_dim, q.size(2) * head_dim, head_dim};
+  int64_t shared[3];
+  for (int dim = 0; dim < 3; ++dim) {
+    std::optional<int64_t> stride;
+    for (const at::Tensor* tensor : tensors) {
+      if (tensor->size(dim) == 1) continue;
+      if (stride && *stride != tensor->stride(dim)) return std::nullopt;
+      stride = tensor->stride(dim);
+    }
+    shared[dim] = stride.value_or(contiguous[dim]);
+    if (shared[dim] < head_dim || shared[dim] % 8 != 0) return std::nullopt;
+  }
+  return attn_strides{shared[0], shared[1], shared[2]};
 }
 
 // The scratch memory step `id` needs at this shape, from torch's caching allocator (stream-
@@ -200,14 +207,8 @@ std::tuple<at::Tensor, at::Tensor> attention_kernel(const at::Tensor& q, const a
   const c10::cuda::CUDAGuard device_guard(q.device());
   // Views in place for a step that takes them, when q, k and v share strides; contiguous
   // copies otherwise (no copy at all for tensors that already are).
-  std::optional<attn_strides> strides;
-  if (facts.takes_strides) {
-    const auto q_strides = view_strides(q), k_strides = view_strides(k), v_strides = view_strides(v);
-    if (q_strides && k_strides && v_strides && same(*q_strides, *k_strides) &&
-        same(*q_strides, *v_strides)) {
-      strides = q_strides;
-    }
-  }
+  const std::optional<attn_strides> strides =
+      facts.takes_strides ? shared_view_strides(q, k, v) : std::nullopt;
   const at::Tensor q_in = strides ? q : q.contiguous();
   const at::Tensor k_in = strides ? k : k.contiguous();
   const at::Tensor v_in = strides ? v : v.contiguous();
