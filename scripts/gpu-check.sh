@@ -41,8 +41,9 @@
 #              steps (scripts/train_digits.py)     -> training_digits.csv/.txt, training_vit_b_16.csv
 #   models     ViT-H/14, SETR-Naive and DETR-R50 (3, 6, 12 encoder layers) with step 8 in every
 #              nn.MultiheadAttention against stock, eager and compiled with CUDA graphs, at batch
-#              1 and 32 (scripts/models_end_to_end.py, at most MODELS_DEADLINE_S, default 420 s)
-#                                                                         -> models_end_to_end.csv
+#              1 and 32, with attention's share of each forward's GPU time; helper processes fill
+#              the compile caches first (scripts/models_end_to_end.py, at most MODELS_DEADLINE_S,
+#              default 420 s)                                             -> models_end_to_end.csv
 #   vit        the PyTorch bridge's GPU tests (tests/python/test_torch_bridge.py --gpu), then
 #              whole torchvision ViTs with each step swapped in, through libattention_steps.so
 #              (scripts/vit_end_to_end.py), when torch and torchvision import; about 4 minutes,

@@ -22,16 +22,27 @@ Random weights from a fixed seed (the speed and the check do not depend on train
 is checked first, at batch 2: its outputs with the steps against stock's, with the tolerance
 scripts/vit_end_to_end.py derives (3 times stock fp16's own distance to the model run in fp32,
 at least 4u relative). Then each (model, batch) is timed: stock and swapped alternate in
---windows windows of CUDA-event-timed forwards after a warm-up (each window about
---window-ms long, Python's garbage collector held off); a row holds the median of the windows and
-their lowest and highest. Every eager row also holds attention's share of the GPU time, from one
-forward under torch.profiler (its kernels sorted as scripts/vit_end_to_end.py sorts them: SDPA's
-for stock, the step's for the swapped model): the f of Amdahl's law. With --compiled, the same
-timing for both under torch.compile(mode="reduce-overhead") (CUDA graphs), as long as
---deadline-s allows; a row that would not fit says so. The log says what each phase took.
+--windows windows of CUDA-event-timed forwards after a warm-up (each window about --window-ms
+long, Python's garbage collector held off); a row holds the median of the windows, their lowest
+and highest, and vs_stock (stock's median time over this one's) with the lowest and highest of
+that ratio window by window (each window of stock beside the next of the swapped model, so that
+a drift in the machine's speed moves both). Every row also holds attention's share of the
+GPU time, from one forward under torch.profiler (its kernels sorted as scripts/vit_end_to_end.py
+sorts them: SDPA's for stock, the step's for the swapped model): the f of Amdahl's law. With
+--compiled, the same timing for both under torch.compile(mode="reduce-overhead") (CUDA graphs),
+as long as --deadline-s allows; a row that would not fit says so. The log says what each phase took.
+
+Compiling is most of the time: 20 compilations of whole models (5 models, 2 batches, stock and
+swapped), each 15-30 s on the H100 machine's CPU. So with --compiled, --compile-helpers processes
+(one per model at most) first compile the same models the same way and run each once, in
+parallel, while this process checks the models; they fill torch.compile's on-disk caches
+(Inductor's FX graph cache, AOTAutograd's), and this process's own compilations then load what
+they made instead of making it again. Nothing they do is timed: they only move compile work off
+the clock of this stage. The log counts the cache hits.
 
     python3 scripts/models_end_to_end.py --csv models_end_to_end.csv [--models vit_h_14,...]
-        [--batches 1,32] [--windows 9] [--window-ms 150] [--compiled] [--deadline-s 420]
+        [--batches 1,32] [--windows 9] [--window-ms 150] [--compiled] [--compile-helpers 5]
+        [--deadline-s 420]
 
 Needs torch, torchvision and the operator (pip install --no-build-isolation ./python).
 Exit status: 0 every check passed, 1 a check failed, 3 no CUDA device or no operator.
@@ -42,8 +53,10 @@ import csv
 import gc
 import importlib.util
 import math
+import os
 import pathlib
 import statistics
+import subprocess
 import sys
 import time
 
@@ -51,8 +64,8 @@ UNIT_ROUNDOFF = 2.0 ** -11
 TOLERANCE_FACTOR = 3.0
 MODELS = ["vit_h_14", "setr_naive", "detr_e3", "detr_e6", "detr_e12"]
 FIELDS = ["model", "batch", "mode", "implementation", "median_ms", "low_ms", "high_ms", "windows",
-          "forwards_per_window", "items_per_s", "vs_stock", "attention_calls", "attention_ms",
-          "attention_share", "attention_kernel", "check", "note"]
+          "forwards_per_window", "items_per_s", "vs_stock", "vs_stock_low", "vs_stock_high",
+          "attention_calls", "attention_ms", "attention_share", "attention_kernel", "check", "note"]
 
 
 def load_vit_end_to_end():
@@ -193,6 +206,43 @@ def build_model(torch, torchvision, name, seed):
     return DETR(), inputs, encoder_layers + 12
 
 
+def prepare(torch, torchvision, mha, name, seed, step):
+    """(stock, swapped) fp16 instances of model `name` on the GPU, in eval mode, as the check and
+    the timings use them, and the model's (inputs(batch, generator), attention calls)."""
+    model, make_inputs, calls = build(torch, torchvision, name, seed)
+    model = model.cuda().eval().half()
+    swapped = copy.deepcopy(model)
+    mha.swap_multihead_attention(swapped, step)
+    return model, swapped, make_inputs, calls
+
+
+def fill_compile_caches(torch, torchvision, mha, args):
+    """--compile-helper: compile each named model, stock and swapped, at every batch, exactly as
+    the timing process does, and run it once (which compiles it); the on-disk caches keep what
+    the compilations made. Returns 0."""
+    for name in args.models:
+        stock, swapped, make_inputs, _ = prepare(torch, torchvision, mha, name, args.seed, args.step)
+        g = torch.Generator().manual_seed(args.seed + 1)
+        for batch in args.batches:
+            inputs = half([t.cuda() for t in make_inputs(batch, g)])
+            for instance in (stock, swapped):
+                with torch.inference_mode():
+                    torch.compile(instance, mode="reduce-overhead")(*inputs)
+                torch.cuda.synchronize()
+                torch._dynamo.reset()
+    return 0
+
+
+def cache_hits(torch):
+    """How many compilations so far loaded their result from the caches (FX graph, AOTAutograd)."""
+    from torch._dynamo.utils import counters
+    inductor, aot = counters["inductor"], counters["aot_autograd"]
+    return (f"cache hits: FX graph {inductor['fxgraph_cache_hit']} (misses "
+            f"{inductor['fxgraph_cache_miss']}, bypassed {inductor['fxgraph_cache_bypass']}); "
+            f"AOTAutograd {aot['autograd_cache_hit']} (misses {aot['autograd_cache_miss']}, "
+            f"bypassed {aot['autograd_cache_bypass']})")
+
+
 def half(tensors):
     return [t.half() if t.is_floating_point() else t for t in tensors]
 
@@ -208,17 +258,23 @@ def flat(torch, output):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--csv", required=True)
+    parser.add_argument("--csv")
     parser.add_argument("--models", default=",".join(MODELS), type=lambda t: t.split(","))
     parser.add_argument("--batches", default="1,32", type=lambda t: [int(b) for b in t.split(",")])
     parser.add_argument("--windows", type=int, default=9)
     parser.add_argument("--window-ms", type=float, default=150,
                         help="each window's length: as many forwards as fill it (2 to 50)")
     parser.add_argument("--compiled", action="store_true")
+    parser.add_argument("--compile-helpers", type=int, default=5,
+                        help="processes that fill the compile caches first (0: none)")
+    parser.add_argument("--compile-helper", action="store_true",
+                        help="be one of them: compile the models and exit (no --csv needed)")
     parser.add_argument("--deadline-s", type=float, default=420)
     parser.add_argument("--step", default="v8")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
+    if not args.compile_helper and not args.csv:
+        parser.error("--csv is required")
     started = time.time()
 
     import torch
@@ -231,6 +287,22 @@ def main(argv=None):
     if not torch_op.available():
         print("the operator is not built: pip install --no-build-isolation ./python", file=sys.stderr)
         return 3
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False  # fp32: exact
+    if args.compile_helper:
+        return fill_compile_caches(torch, torchvision, mha, args)
+    helpers = []
+    if args.compiled and args.compile_helpers > 0:
+        # The models dealt out to at most --compile-helpers helpers, which share the CPUs.
+        groups = [args.models[i::args.compile_helpers] for i in range(args.compile_helpers)]
+        threads = max(1, (os.cpu_count() or 1) // len([g for g in groups if g]))
+        for group in (g for g in groups if g):
+            command = [sys.executable, os.path.abspath(__file__), "--compile-helper",
+                       "--models", ",".join(group), "--batches", ",".join(map(str, args.batches)),
+                       "--step", args.step, "--seed", str(args.seed)]
+            helpers.append((group, subprocess.Popen(
+                command, env={**os.environ, "TORCHINDUCTOR_COMPILE_THREADS": str(threads)},
+                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)))
+        print(f"{len(helpers)} compile helpers started, {threads} compile threads each", flush=True)
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, torchvision "
           f"{torchvision.__version__}, step {args.step}", flush=True)
     out = open(args.csv, "w", newline="")
@@ -249,9 +321,13 @@ def main(argv=None):
     def attention_profile(function, inputs):
         """Attention's GPU time in one forward (ms), its share of all the forward's kernels, and
         its largest kernel: SDPA's in stock, the step's (inside attention_steps::) swapped."""
-        with torch.inference_mode():
-            result, _ = profiling.profile_forward(torch, lambda: function(*inputs), 1,
-                                                  "attention_steps::")
+        try:
+            with torch.inference_mode():
+                result, _ = profiling.profile_forward(torch, lambda: function(*inputs), 1,
+                                                      "attention_steps::")
+        except RuntimeError as error:  # the row keeps its timing; the log says why no share
+            print(f"no profile: {error}", flush=True)
+            return {}
         total = sum(category["ms"] for category in result.values())
         attention = result["attention"]
         return {"attention_ms": f"{attention['ms']:.3f}",
@@ -260,7 +336,6 @@ def main(argv=None):
 
     # Every model is built and checked first; then the eager rows of all, then the compiled ones
     # as far as --deadline-s allows (compiling takes longest).
-    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False  # fp32: exact
     prepared = {}
     for name in args.models:
         since = time.time()
@@ -290,6 +365,15 @@ def main(argv=None):
                           calls, check, note)
         phase(f"{name} built and checked", since)
 
+    if helpers:  # nothing is timed while they compile
+        since = time.time()
+        for group, helper in helpers:
+            output, _ = helper.communicate()
+            if helper.returncode != 0:
+                print(f"compile helper for {','.join(group)} failed ({helper.returncode}); its "
+                      f"output:\n{output[-3000:]}", flush=True)
+        phase("the compile helpers are done", since)
+
     for mode in ["eager"] + (["compiled"] if args.compiled else []):
         for name, (models, inputs_of, calls, check, note) in prepared.items():
             for batch, inputs in inputs_of.items():
@@ -316,8 +400,8 @@ def main(argv=None):
                     torch.cuda.synchronize()
                     forward_ms[implementation] = start.elapsed_time(end)  # the last warm-up's
                     runners[implementation] = function
-                phase(f"{name}, batch {batch}, {mode}: compiled and warmed up" if mode == "compiled"
-                      else f"{name}, batch {batch}, {mode}: warmed up", since)
+                phase(f"{name}, batch {batch}, {mode}: compiled and warmed up, {cache_hits(torch)}"
+                      if mode == "compiled" else f"{name}, batch {batch}, {mode}: warmed up", since)
                 since = time.time()
                 forwards = max(2, min(50, math.ceil(args.window_ms / max(forward_ms.values()))))
                 windows = {k: [] for k in runners}
@@ -335,10 +419,11 @@ def main(argv=None):
                                 windows[implementation].append(start.elapsed_time(end) / forwards)
                 finally:
                     gc.enable()
-                profiles = {k: {} for k in runners}
-                if mode == "eager":  # attention's share: Amdahl's f, for stock and swapped
-                    profiles = {k: attention_profile(f, inputs) for k, f in runners.items()}
+                # Attention's share, Amdahl's f, for stock and swapped; compiled too (the kernels
+                # a CUDA graph replays, found by name).
+                profiles = {k: attention_profile(f, inputs) for k, f in runners.items()}
                 medians = {k: statistics.median(v) for k, v in windows.items()}
+                paired = {k: [a / b for a, b in zip(windows["stock"], v)] for k, v in windows.items()}
                 for implementation, values in windows.items():
                     write({**base, "implementation": implementation,
                            "median_ms": f"{medians[implementation]:.3f}",
@@ -346,6 +431,8 @@ def main(argv=None):
                            "windows": len(values), "forwards_per_window": forwards,
                            "items_per_s": f"{batch * 1000 / medians[implementation]:.1f}",
                            "vs_stock": f"{medians['stock'] / medians[implementation]:.3f}",
+                           "vs_stock_low": f"{min(paired[implementation]):.3f}",
+                           "vs_stock_high": f"{max(paired[implementation]):.3f}",
                            **profiles[implementation],
                            "note": note if implementation == "steps" else ""})
                 phase(f"{name}, batch {batch}, {mode}: timed", since)
