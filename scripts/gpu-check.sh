@@ -15,8 +15,9 @@
 #   planted    scripts/plant_bugs.py --run-only on the copies built in PLANTED_DIR: every planted
 #              bug is caught by the normal suite or the checked build    -> planted.csv, planted.txt
 #   sanitizer  memcheck + racecheck on every stepN at tail shapes (D = 32, 64, 80, 96, 128), and at D = 64
-#              in bf16 and with 130 keys for 65 queries (cross-attention) where the step takes
-#              them (n/a with its refusal where not)                   -> sanitizer.log, sanitizer/
+#              in bf16 and with 130 keys for 65 queries (cross-attention), with a key-padding mask
+#              there and at 33 x 200 keys, D = 32, where the step takes them (n/a with its refusal
+#              where not)                                              -> sanitizer.log, sanitizer/
 #   bench      N = 197,577,1025 (all steps, baselines), then N = 2049..16385 for the steps
 #              with no N limit (v0 excluded)                             -> bench_vit.csv, bench_long.csv
 #   lse        the forward with and without L, the log-sum-exp a backward pass needs (bench and
@@ -413,6 +414,13 @@ stage_sanitizer() {
       sanitize_one "$sanitizer" "$binary" "$tool" "N65_B2_H3_D64_bf16" "$results" --tokens 65 --dtype bf16 &
       while [ "$(jobs -rp | wc -l)" -ge "$SANITIZER_JOBS" ]; do wait -n || true; done
       sanitize_one "$sanitizer" "$binary" "$tool" "N65_Nk130_B2_H3_D64" "$results" --tokens 65 --kv-tokens 130 &
+      # The key-padding mask, in cross-attention at D = 64 and at DETR's head dim, 32.
+      while [ "$(jobs -rp | wc -l)" -ge "$SANITIZER_JOBS" ]; do wait -n || true; done
+      sanitize_one "$sanitizer" "$binary" "$tool" "N65_Nk130_B2_H3_D64_padded" "$results" \
+        --tokens 65 --kv-tokens 130 --key-padding &
+      while [ "$(jobs -rp | wc -l)" -ge "$SANITIZER_JOBS" ]; do wait -n || true; done
+      sanitize_one "$sanitizer" "$binary" "$tool" "N33_Nk200_B2_H3_D32_padded" "$results" \
+        --tokens 33 --kv-tokens 200 --head-dim 32 --key-padding &
       for shape in "${extra_shapes[@]}"; do
         read -r head_dim tokens <<< "$shape"
         serves=yes  # unknown: try it, a refusal (exit 2) is n/a
