@@ -5,11 +5,13 @@ SM throughput, achieved and theoretical occupancy with the limiter, registers pe
 shared memory per block, and the launch shape.
 
   scripts/ncu_profile.py --out OUTDIR [--build-dir build] [--tokens 577] [--steps all|ID,ID,...]
+                     [--batch 32] [--heads 12] [--head-dim 64] [--kv-tokens N_k] [--key-padding]
                      [--ncu PATH] [--kernel-regex attention] [--timeout SECONDS]
                      [--sections NAME,NAME,...]
 
 Each step runs once under `ncu --clock-control none` (the GPU at its own clocks, as the bench
-times it): `stepN --tokens N --iters 1 --warmup 0 --check none` at B=32, H=12, D=64, with a
+times it): `stepN --tokens N --iters 1 --warmup 0 --check none` at B=32, H=12, D=64 unless
+--batch, --heads, --head-dim say otherwise (--kv-tokens and --key-padding go to the step too), with a
 kernel filter so only the step's kernels (names containing "attention") are profiled, not the
 cuBLAS GEMM and the copy the harness runs to measure the GPU's ceilings. The eager baseline
 runs through `bench --steps eager` with no filter (its kernels are cuBLAS's and a softmax);
@@ -63,7 +65,7 @@ METRICS = [
 ]
 
 COLUMNS = [
-    "step", "batch", "heads", "tokens", "head_dim", "kernels", "main_kernel", "duration_us",
+    "step", "batch", "heads", "tokens", "head_dim", "kv_tokens", "key_padding", "kernels", "main_kernel", "duration_us",
     "dram_read_bytes", "dram_write_bytes", "dram_bytes", "min_bytes", "traffic_ratio",
     "dram_throughput_pct", "sm_throughput_pct", "achieved_occupancy_pct",
     "theoretical_occupancy_pct", "occupancy_limiter", "registers_per_thread",
@@ -71,7 +73,6 @@ COLUMNS = [
     "status", "gpu", "date", "ncu_version",
 ]
 
-BATCH, HEADS, HEAD_DIM = 32, 12, 64  # the bench's default shape
 
 # The harness's own kernels (common/timing.cu holds the stream before timed runs, ceilings.cu
 # fills the GEMM inputs): not part of any step, left out of every row.
@@ -101,15 +102,20 @@ def parse_args(argv):
     parser.add_argument("--build-dir", default="build", help="folder with stepN and bench (default build)")
     parser.add_argument("--out", required=True, help="output folder: profile.csv and profile/ go there")
     parser.add_argument("--tokens", default="577", help="token count N (default 577, ViT at 384 px)")
+    parser.add_argument("--batch", default="32", help="B (default 32, the bench's)")
+    parser.add_argument("--heads", default="12", help="H (default 12)")
+    parser.add_argument("--head-dim", default="64", help="D (default 64)")
+    parser.add_argument("--kv-tokens", default="0", help="keys N_k for cross-attention (default 0: N)")
+    parser.add_argument("--key-padding", action="store_true", help="the step's --key-padding mask")
     parser.add_argument("--steps", default="all", help="all (every stepN, then eager) or ids, e.g. v0,v3,eager")
     parser.add_argument("--ncu", help="ncu to use (default: PATH, then /usr/local/cuda/bin)")
     parser.add_argument("--kernel-regex", default="attention", help="the steps' kernel filter (default attention)")
     parser.add_argument("--timeout", default="300", help="seconds per step (default 300)")
     parser.add_argument("--sections", default="", help="ncu sections to add, comma separated")
     args = parser.parse_args(argv)
-    for flag in ("tokens", "timeout"):
+    for flag in ("tokens", "timeout", "batch", "heads", "head_dim", "kv_tokens"):
         text = getattr(args, flag)
-        if not text.isdigit() or int(text) < 1:
+        if not text.isdigit() or (int(text) < 1 and flag != "kv_tokens"):
             raise UsageError(f"--{flag}: '{text}' is not a positive integer")
         setattr(args, flag, int(text))
     return args
@@ -144,8 +150,12 @@ def discover_steps(build_dir):
 
 
 def command_for(step, args, ncu, report):
-    shape = ["--tokens", str(args.tokens), "--batch", str(BATCH), "--heads", str(HEADS),
-             "--head-dim", str(HEAD_DIM), "--iters", "1", "--warmup", "0", "--check", "none"]
+    shape = ["--tokens", str(args.tokens), "--batch", str(args.batch), "--heads", str(args.heads),
+             "--head-dim", str(args.head_dim), "--iters", "1", "--warmup", "0", "--check", "none"]
+    if args.kv_tokens:
+        shape += ["--kv-tokens", str(args.kv_tokens)]
+    if args.key_padding:
+        shape += ["--key-padding"]
     profiler = [ncu, "--clock-control", "none", "--metrics", ",".join(METRICS), "--export", report,
                 "--force-overwrite"]
     for section in filter(None, args.sections.split(",")):
@@ -239,7 +249,8 @@ def summarize(step, kernels, units, args):
     shared = [metric(main, units, f"launch__shared_mem_per_block_{kind}", BYTES) for kind in ("static", "dynamic")]
     dram_read, dram_write = summed("dram__bytes_read.sum"), summed("dram__bytes_write.sum")
     dram = dram_read + dram_write if dram_read is not None and dram_write is not None else None
-    min_bytes = 4.0 * BATCH * HEADS * args.tokens * HEAD_DIM * 2
+    keys = args.kv_tokens or args.tokens  # read Q, K, V and write O once, 2 bytes an element
+    min_bytes = 2.0 * args.batch * args.heads * args.head_dim * (2 * args.tokens + 2 * keys)
     main_name = main.get("Kernel Name", "")
     return {
         "kernels": len(kernels),
@@ -389,7 +400,9 @@ def run(argv):
             print(f"profiling {step} at N={args.tokens} ...", flush=True)
             summary, status = profile_step(step, args, ncu, folder)
             row = dict.fromkeys(COLUMNS, "")
-            row.update(step=step, batch=BATCH, heads=HEADS, tokens=args.tokens, head_dim=HEAD_DIM,
+            row.update(step=step, batch=args.batch, heads=args.heads, tokens=args.tokens,
+                       head_dim=args.head_dim, kv_tokens=args.kv_tokens or args.tokens,
+                       key_padding=int(args.key_padding),
                        status=status, date=utc_now(), ncu_version=version, gpu=fallback_gpu)
             if summary:
                 row["gpu"] = summary.pop("gpu_from_ncu") or fallback_gpu
