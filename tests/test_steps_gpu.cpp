@@ -274,6 +274,19 @@ TEST_CASE("key-padding mask, where the step takes it: padded keys get no weight,
       CAPTURE(shape.str());
       require_pass(check_step(step, shape));
     }
+    // Persistent blocks that walk several work tiles of different batch elements (each with a
+    // mask of its own): one tile's mask must not leak into the next (step 8 fetches the mask of
+    // the K/V tile it will visit next).
+    for (const auto& [tokens, kv_tokens] : {std::pair<int64_t, int64_t>{197, 197}, {100, 1050}}) {
+      Shape shape{6, 2, tokens, head_dim, attn::DType::fp16, kv_tokens};
+      shape.key_padding = true;
+      REQUIRE(shape.slices() * ((shape.tokens + 127) / 128) >= 3 * kFewBlocks);
+      if (!serves(step, shape)) continue;
+      CAPTURE(shape.str());
+      Run run;
+      run.max_persistent_blocks = kFewBlocks;
+      require_pass(check_step(step, shape, run));
+    }
     // A batch element whose keys are all padding: its rows are O = 0 and L = -inf.
     Shape shape{2, 2, 130, head_dim, attn::DType::fp16, 0};
     shape.key_padding = true;
