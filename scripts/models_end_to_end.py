@@ -210,13 +210,15 @@ def build_model(torch, torchvision, name, seed):
 
 
 def prepare(torch, torchvision, mha, name, seed, step):
-    """(stock, swapped) fp16 instances of model `name` on the GPU, in eval mode, as the check and
-    the timings use them, and the model's (inputs(batch, generator), attention calls)."""
+    """(stock, swapped, modules swapped, inputs(batch, generator), attention calls): fp16
+    instances of model `name` on the GPU in eval mode, the same for the timing process and the
+    compile helpers, so that the helpers compile the very graphs the timed runs will ask for.
+    Two instances, so that no run, eager or compiled, ever sees its modules change."""
     model, make_inputs, calls = build(torch, torchvision, name, seed)
     model = model.cuda().eval().half()
     swapped = copy.deepcopy(model)
-    mha.swap_multihead_attention(swapped, step)
-    return model, swapped, make_inputs, calls
+    swapped_count = mha.swap_multihead_attention(swapped, step)
+    return model, swapped, swapped_count, make_inputs, calls
 
 
 def fill_compile_caches(torch, torchvision, mha, args):
@@ -224,7 +226,8 @@ def fill_compile_caches(torch, torchvision, mha, args):
     the timing process does, and run it once (which compiles it); the on-disk caches keep what
     the compilations made. Returns 0."""
     for name in args.models:
-        stock, swapped, make_inputs, _ = prepare(torch, torchvision, mha, name, args.seed, args.step)
+        stock, swapped, _, make_inputs, _ = prepare(torch, torchvision, mha, name, args.seed,
+                                                    args.step)
         g = torch.Generator().manual_seed(args.seed + 1)
         for batch in args.batches:
             inputs = half([t.cuda() for t in make_inputs(batch, g)])
@@ -344,20 +347,19 @@ def main(argv=None):
     prepared = {}
     for name in args.models:
         since = time.time()
-        model, make_inputs, calls = build(torch, torchvision, name, args.seed)
-        model = model.cuda().eval()
+        model, swapped, swapped_count, make_inputs, calls = prepare(
+            torch, torchvision, mha, name, args.seed, args.step)
         g = torch.Generator().manual_seed(args.seed + 1)
         check_inputs = [t.cuda() for t in make_inputs(2, g)]
         with torch.inference_mode():
-            # The check: stock fp16's distance to fp32 is the noise; the steps may be 3 times it.
-            reference = flat(torch, model.half().float()(*check_inputs))
+            # The check: stock fp16's distance to fp32 (its fp16 weights, widened) is the noise;
+            # the steps may be 3 times it.
+            reference = flat(torch, model.float()(*check_inputs))
             model.half()
             check_inputs = half(check_inputs)
             stock = flat(torch, model(*check_inputs))
-            # Two instances, so that no run, eager or compiled, ever sees its modules change.
-            models = {"stock": model, "steps": copy.deepcopy(model)}
-            swapped_count = mha.swap_multihead_attention(models["steps"], args.step)
-            steps = flat(torch, models["steps"](*check_inputs))
+            steps = flat(torch, swapped(*check_inputs))
+        models = {"stock": model, "steps": swapped}
         noise = relative(stock, reference)
         tolerance = max(TOLERANCE_FACTOR * noise, 4 * UNIT_ROUNDOFF)
         error = relative(steps, stock)
