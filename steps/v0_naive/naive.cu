@@ -8,7 +8,8 @@
 // It is correct for any N and D, which makes it the yardstick for every later step. The keys and
 // values may be fewer or more than the queries (cross-attention: N_k keys, AttentionArgs::kv_tokens),
 // and a key-padding mask may take keys out of every row of a batch element (padded(j)); a row left
-// with no key is O = 0.
+// with no key is O = 0. The mask has a kernel of its own (kMasked), as in steps 6 and 8, so the
+// unmasked kernel pays nothing for it.
 #include <cuda_fp16.h>
 
 #include <cmath>
@@ -20,6 +21,7 @@ namespace {
 
 constexpr int kThreadsPerBlock = 256;
 
+template <bool kMasked>
 __global__ void naive_attention_kernel(const __half* q, const __half* k, const __half* v,
                                        __half* o, const uint8_t* key_padding, int64_t total,
                                        int heads, int tokens, int kv_tokens, int head_dim,
@@ -35,8 +37,8 @@ __global__ void naive_attention_kernel(const __half* q, const __half* k, const _
   const __half* v_slice = v + slice_offset;
   // Key j of this row's batch element is padding ([B, N_k] bytes, 1: padding; no mask: none is).
   const uint8_t* padding_row =
-      key_padding == nullptr ? nullptr : key_padding + (row_index / tokens / heads) * kv_tokens;
-  auto padded = [&](int j) { return padding_row != nullptr && padding_row[j] != 0; };
+      kMasked ? key_padding + (row_index / tokens / heads) * kv_tokens : nullptr;
+  auto padded = [&](int j) { return kMasked && padding_row[j] != 0; };
 
   // BEGIN EXERCISE: o[index] = softmax(q_row . K^T * scale) . V[:, column] over the keys not padded(j), stable, fp32 (none left: 0)
   auto score = [&](int j) {
@@ -67,7 +69,9 @@ void launch_naive(const attn::AttentionArgs& args) {
   const int64_t total = int64_t(args.batch) * args.heads * args.tokens * args.head_dim;
   const float scale = float(args.scale);
   const unsigned blocks = unsigned((total + kThreadsPerBlock - 1) / kThreadsPerBlock);
-  naive_attention_kernel<<<blocks, kThreadsPerBlock, 0, args.stream>>>(
+  auto kernel = args.key_padding_mask != nullptr ? naive_attention_kernel<true>
+                                                 : naive_attention_kernel<false>;
+  kernel<<<blocks, kThreadsPerBlock, 0, args.stream>>>(
       args.q, args.k, args.v, args.o, args.key_padding_mask, total, args.heads, args.tokens,
       args.kv_tokens, args.head_dim, scale);
   CUDA_CHECK_LAUNCH();
