@@ -164,12 +164,17 @@ void compare_log_sum_exp(const Shape& shape, const Reference& reference,
 
 namespace {
 
-// One gradient against its reference values over some slices: want(position in `slices`, index
-// within the slice).
+// One gradient against its reference values and their error bounds over some slices:
+// want(position in `slices`, index within the slice) gives {value, bound}.
 struct GradientError {
-  double relative = 0, max_abs_error = 0, largest = 0;
+  double relative = 0;      // ||error||_F / ||reference||_F, for the report
+  double worst_ratio = 0;   // the largest error over its element's bound
+  double worst_error = 0, worst_bound = 0;  // at that element
   int64_t nonfinite = 0;
   std::string where, first_nonfinite;
+};
+struct Wanted {
+  double value, bound;
 };
 template <typename Want>
 GradientError gradient_error(const Shape& shape, const std::vector<int64_t>& slices,
@@ -180,20 +185,22 @@ GradientError gradient_error(const Shape& shape, const std::vector<int64_t>& sli
   for (std::size_t s = 0; s < slices.size(); ++s) {
     const int64_t slice = slices[s];
     for (int64_t i = 0; i < slice_size; ++i) {
-      const double wanted = want(s, i);
-      result.largest = std::max(result.largest, std::fabs(wanted));
+      const Wanted wanted = want(s, i);
       const double value = double(__half2float(got[std::size_t(slice * slice_size + i)]));
       if (!std::isfinite(value)) {
         if (result.nonfinite++ == 0) result.first_nonfinite = location(shape, slice * slice_size + i);
         continue;
       }
-      const double error = std::fabs(value - wanted);
+      const double error = std::fabs(value - wanted.value);
       error_sq += error * error;
-      reference_sq += wanted * wanted;
-      if (error > result.max_abs_error) {
-        result.max_abs_error = error;
+      reference_sq += wanted.value * wanted.value;
+      const double ratio = error / wanted.bound;  // bounds are > 0: each holds a tau
+      if (ratio > result.worst_ratio || result.where.empty()) {
+        result.worst_ratio = ratio;
+        result.worst_error = error;
+        result.worst_bound = wanted.bound;
         result.where = location(shape, slice * slice_size + i) + ": got " + std::to_string(value) +
-                       ", want " + std::to_string(wanted);
+                       ", want " + std::to_string(wanted.value) + ", bound " + std::to_string(wanted.bound);
       }
     }
   }
@@ -201,37 +208,34 @@ GradientError gradient_error(const Shape& shape, const std::vector<int64_t>& sli
   return result;
 }
 
-// dQ, dK and dV's errors judged together: each passes on its relative error and on its largest
-// error against 8u times its largest value, with dV's largest as the floor (where a row has one
-// key, N = 1, dQ and dK vanish, and what a kernel returns is the rounding of terms of dV's size
-// that cancel). Returns whether all three passed; the worst (or first failing) is described.
+// dQ, dK and dV's errors judged together: each passes when no element is non-finite and every
+// element's error is within kGradientBoundFactor times its bound. Returns whether all three
+// passed; the worst (or first failing) is described.
 struct GradientVerdict {
   bool passed = true;
-  double relative_error = 0, max_abs_error = 0, abs_tolerance = 0;
+  double relative_error = 0, worst_ratio = 0, max_abs_error = 0, abs_tolerance = 0;
   int64_t nonfinite = 0;
   std::string worst;
 };
-GradientVerdict judge(const GradientError (&errors)[3], DType dtype, const char* against) {
+GradientVerdict judge(const GradientError (&errors)[3], const char* against) {
   const char* names[] = {"dQ", "dK", "dV"};
   GradientVerdict verdict;
-  double worst_ratio = -1;  // of the gradients' max abs errors to their tolerances
+  double worst_ratio = -1;
   for (int which = 0; which < 3; ++which) {
     const GradientError& error = errors[which];
-    const double abs_tolerance =
-        gradient_absolute_factor(dtype) * std::max(error.largest, errors[2].largest);
-    const bool passed = error.nonfinite == 0 && error.relative <= gradient_relative_tolerance(dtype) &&
-                        error.max_abs_error <= abs_tolerance;
+    const bool passed = error.nonfinite == 0 && error.worst_ratio <= kGradientBoundFactor;
     verdict.nonfinite += error.nonfinite;
     verdict.relative_error = std::max(verdict.relative_error, error.relative);
-    const double ratio = abs_tolerance > 0 ? error.max_abs_error / abs_tolerance : error.max_abs_error;
     const std::string described =
-        error.nonfinite > 0 ? std::string(names[which]) + ": first non-finite value at " + error.first_nonfinite
-                            : std::string(names[which]) + ": relative error " + std::to_string(error.relative) +
-                                  ", largest error against the " + against + " at " + error.where;
-    if (ratio > worst_ratio) {
-      worst_ratio = ratio;
-      verdict.max_abs_error = error.max_abs_error;
-      verdict.abs_tolerance = abs_tolerance;
+        error.nonfinite > 0
+            ? std::string(names[which]) + ": first non-finite value at " + error.first_nonfinite
+            : std::string(names[which]) + ": largest error " + std::to_string(error.worst_ratio) +
+                  " times its bound against the " + against + ", at " + error.where;
+    if (error.worst_ratio > worst_ratio) {
+      worst_ratio = error.worst_ratio;
+      verdict.worst_ratio = error.worst_ratio;
+      verdict.max_abs_error = error.worst_error;
+      verdict.abs_tolerance = kGradientBoundFactor * error.worst_bound;
       if (verdict.passed) verdict.worst = described;
     }
     if (!passed && verdict.passed) verdict.worst = described;  // the first failure is named
@@ -245,23 +249,28 @@ GradientVerdict judge(const GradientError (&errors)[3], DType dtype, const char*
 CheckResult compare_gradients(const Shape& shape, const BackwardReference& reference,
                               const std::vector<__half>& dq, const std::vector<__half>& dk,
                               const std::vector<__half>& dv, const AllSliceGradients& all) {
-  const std::vector<double> SliceGradients::*wanted[] = {&SliceGradients::dq, &SliceGradients::dk,
-                                                          &SliceGradients::dv};
+  using Member = const std::vector<double> SliceGradients::*;
+  const Member values[] = {&SliceGradients::dq, &SliceGradients::dk, &SliceGradients::dv};
+  const Member bounds[] = {&SliceGradients::dq_bound, &SliceGradients::dk_bound,
+                           &SliceGradients::dv_bound};
   const std::vector<__half>* gotten[] = {&dq, &dk, &dv};
   GradientError errors[3];
   for (int which = 0; which < 3; ++which) {
     errors[which] = gradient_error(shape, reference.slices, *gotten[which], [&](std::size_t s, int64_t i) {
-      return (reference.gradients[s].*wanted[which])[std::size_t(i)];
+      const SliceGradients& slice = reference.gradients[s];
+      return Wanted{(slice.*values[which])[std::size_t(i)], (slice.*bounds[which])[std::size_t(i)]};
     });
   }
-  const GradientVerdict verdict = judge(errors, shape.dtype, "fp64 reference");
+  const GradientVerdict verdict = judge(errors, "fp64 reference");
   CheckResult result;
   result.checked = true;
   result.passed = verdict.passed;
+  result.elementwise = true;
   result.checked_slices = int64_t(reference.slices.size());
   result.total_slices = shape.slices();
-  result.relative_tolerance = gradient_relative_tolerance(shape.dtype);
   result.relative_error = verdict.relative_error;
+  result.relative_tolerance = NAN;  // not judged: each element against its own bound
+  result.worst_bound_ratio = verdict.worst_ratio;
   result.max_abs_error = verdict.max_abs_error;
   result.abs_tolerance = verdict.abs_tolerance;
   result.nonfinite = verdict.nonfinite;
@@ -271,15 +280,18 @@ CheckResult compare_gradients(const Shape& shape, const BackwardReference& refer
   const int64_t slice_size = shape.tokens * shape.head_dim;
   std::vector<int64_t> every_slice(std::size_t(shape.slices()));
   for (int64_t s = 0; s < shape.slices(); ++s) every_slice[std::size_t(s)] = s;
-  const std::vector<float>* all_wanted[] = {&all.dq, &all.dk, &all.dv};
+  const std::vector<float>* all_values[] = {&all.dq, &all.dk, &all.dv};
+  const std::vector<float>* all_bounds[] = {&all.dq_bound, &all.dk_bound, &all.dv_bound};
   for (int which = 0; which < 3; ++which) {
     errors[which] = gradient_error(shape, every_slice, *gotten[which], [&](std::size_t s, int64_t i) {
-      return double((*all_wanted[which])[std::size_t(int64_t(s) * slice_size + i)]);
+      const std::size_t at = std::size_t(int64_t(s) * slice_size + i);
+      return Wanted{double((*all_values[which])[at]), double((*all_bounds[which])[at])};
     });
   }
-  const GradientVerdict all_verdict = judge(errors, shape.dtype, "GPU reference");
+  const GradientVerdict all_verdict = judge(errors, "GPU reference");
   result.all_checked_slices = shape.slices();
   result.all_relative_error = all_verdict.relative_error;
+  result.all_worst_bound_ratio = all_verdict.worst_ratio;
   result.all_max_abs_error = all_verdict.max_abs_error;
   result.all_abs_tolerance = all_verdict.abs_tolerance;
   result.nonfinite = std::max(result.nonfinite, all_verdict.nonfinite);

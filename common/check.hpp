@@ -2,12 +2,12 @@
 //
 // Tolerances, from fp16 rounding (unit roundoff u = 2^-11 ~ 4.9e-4). A correct kernel that
 // accumulates in fp32 makes two rounding errors that matter:
-//   1. O itself is stored in fp16: |error| <= u/2 * |o| per element.
+//   1. O itself is stored in fp16: |error| <= u * |o| per element.
 //   2. Tensor-core steps round the probabilities P to fp16 before P V: each p_j carries
-//      a relative error <= u/2, so o = sum_j p_j v_j moves by at most u/2 * max_j |v_j|.
+//      a relative error <= u, so o = sum_j p_j v_j moves by at most u * max_j |v_j|.
 // Everything else (fp32 dot products of exact fp16 products, exp in fp32) is ~1e-6 relative.
-// So per element |error| <= u/2 * |o| + u/2 * max|v| <= u * max|V|, since |o| <= max|V|
-// (o is a convex combination of rows of V). We allow 4x that bound on the largest error.
+// So per element |error| <= u * |o| + u * max|v| <= 2u * max|V|, since |o| <= max|V|
+// (o is a convex combination of rows of V). We allow 2x that bound on the largest error.
 // The errors are independent across j, so the relative Frobenius error of a correct kernel
 // is ~u/2 (measured: 1e-4 to 3e-4); we allow 4u. Both bounds are the same for every step.
 // A planted error of one element, a skipped row, a NaN, or a wrong scale (tests/) fail them.
@@ -66,6 +66,11 @@ struct CheckResult {
   // the sampled slices and the GPU reference for all.
   int64_t log_sum_exp_rows = 0;
   double log_sum_exp_max_error = 0;
+  // A backward step's check (compare_gradients): every element against its own error bound.
+  // worst_bound_ratio is the largest error over its bound (it passes up to kGradientBoundFactor);
+  // max_abs_error and abs_tolerance are that element's error and allowance.
+  bool elementwise = false;
+  double worst_bound_ratio = 0, all_worst_bound_ratio = 0;
   std::string pipeline_violation;  // a Hopper step's checked build: the first rule it broke
   std::string worst;  // where the largest error is, for the failure message
 };
@@ -85,21 +90,21 @@ void compare_log_sum_exp(const Shape& shape, const Reference& reference,
                          const std::vector<float>& log_sum_exp, const std::vector<float>& all_rows,
                          CheckResult& result);
 
-// A backward step's dQ, dK and dV against the fp64 backward reference, on its slices. Each is a
-// sum of products whose factors a tensor-core kernel rounds to fp16 (P, dS: u/2 each), stored in
-// fp16 (u/2), and D = dO . O is built from the forward's fp16 O, whose rounding (u/2) reaches
-// every dS of its row through dP - D. So a correct kernel's relative error is a small multiple of
-// u; we allow 8u on each gradient's relative Frobenius error, and 8u times the gradient's largest
-// reference value (at least dV's: dQ and dK vanish at N = 1) on any one element. The result holds the worst of the three (`worst` names
-// it); relative_error is the largest of their relative errors.
-// `all`: the GPU backward reference's gradients of every slice (gpu_reference.hpp), checked
-// with the same tolerances into the all_* fields; empty vectors: not run.
-constexpr double kGradientRelativeTolerance = 8 * kUnitRoundoff;
-constexpr double kGradientAbsoluteFactor = 8 * kUnitRoundoff;
-constexpr double gradient_relative_tolerance(DType dtype) { return 8 * unit_roundoff(dtype); }
-constexpr double gradient_absolute_factor(DType dtype) { return 8 * unit_roundoff(dtype); }
+// A backward step's dQ, dK and dV against the fp64 backward reference, on its slices, element by
+// element: each error within kGradientBoundFactor times the bound the reference gives for that
+// element (backward_reference.hpp derives it: P and dS rounded to 16 bits for the products, D
+// from the forward's 16-bit O, fp32 sums, 16-bit stores). No tolerance relative to a gradient's
+// own size can serve: where the softmax saturates (large scores, few keys), dQ and dK are small
+// differences of rounded terms, and a correct kernel's relative error reaches thousands of u
+// there. The bound adds worst cases to first order; the factor 2 leaves room for the terms of
+// second order. The result holds the worst element (`worst` names it); relative_error is the
+// largest relative Frobenius error of the three, reported, not judged.
+// `all`: the GPU backward reference's gradients and bounds of every slice (gpu_reference.hpp),
+// checked the same way into the all_* fields; empty vectors: not run.
+constexpr double kGradientBoundFactor = 2.0;
 struct AllSliceGradients {
-  std::vector<float> dq, dk, dv;  // [B, H, N, D] each
+  std::vector<float> dq, dk, dv;                    // [B, H, N, D] each
+  std::vector<float> dq_bound, dk_bound, dv_bound;  // the same, each element's error bound
 };
 CheckResult compare_gradients(const Shape& shape, const BackwardReference& reference,
                               const std::vector<__half>& dq, const std::vector<__half>& dk,

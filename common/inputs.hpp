@@ -33,6 +33,10 @@ __half to_dtype(float value, DType dtype);
 // the scores q.k / sqrt(D) at a standard deviation of 256, so the largest reach ~1000 and a
 // softmax that forgets to subtract the row maximum overflows.
 constexpr double kStressScale = 16.0;
+// Large but not extreme scores: 4 puts them at a standard deviation of 16. With a few keys, a row's
+// L is then often far below 0, and P = exp(s - L) of a zero score (a key past N, whose K row a
+// kernel loads as zeros) overflows fp16: the tests at tails and tile sizes use these inputs.
+constexpr double kLargeScoreScale = 4.0;
 HostTensors make_inputs(const Shape& shape, uint64_t seed, double qk_scale = 1.0);
 
 // Inputs that expose a kernel that gives weight to a key past N (a mask off by one). Every real

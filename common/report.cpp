@@ -105,6 +105,22 @@ void print_text(std::ostream& out, const Record& r) {
     out << "check    none (--check none)\n";
     return;
   }
+  if (c.elementwise) {  // a backward step: every element against its own error bound
+    out << "check    " << (c.passed ? "PASSED" : "FAILED") << "  largest error "
+        << format("%.2f", c.worst_bound_ratio) << " of its element's bound (allowed "
+        << format("%.0f", kGradientBoundFactor) << "), relative error " << format("%.2e", c.relative_error)
+        << ", " << c.checked_slices << " of " << c.total_slices << " (b, h) slices";
+    if (c.nonfinite > 0) out << ", " << c.nonfinite << " non-finite outputs";
+    out << "\n";
+    if (c.all_checked_slices > 0) {
+      out << "         every element of all " << c.all_checked_slices
+          << " slices against the GPU reference: largest error "
+          << format("%.2f", c.all_worst_bound_ratio) << " of its bound, relative error "
+          << format("%.2e", c.all_relative_error) << "\n";
+    }
+    if (!c.passed) out << "         " << c.worst << "\n";
+    return;
+  }
   out << "check    " << (c.passed ? "PASSED" : "FAILED") << "  relative error "
       << format("%.2e", c.relative_error) << " (tolerance " << format("%.2e", c.relative_tolerance)
       << "), max abs error " << format("%.2e", c.max_abs_error) << " (tolerance "

@@ -113,10 +113,11 @@ void ensure_fits(const StepInfo& step, const Shape& shape, bool check_all_slices
 std::size_t device_bytes_needed(const StepInfo& step, const Shape& shape, int buffer_sets,
                                 bool check_all_slices) {
   const std::size_t rows = std::size_t(shape.slices() * shape.tokens);
-  if (is_backward(step.kind)) {  // Q, K, V, O, dO, dQ, dK, dV, L; one set
+  if (is_backward(step.kind)) {  // Q, K, V, O, dO, dQ, dK, dV, L; one set; the GPU reference's
+                                 // gradients and bounds
     return 8 * std::size_t(shape.elements()) * sizeof(__half) + rows * sizeof(float) +
            step.workspace_for(shape) +
-           (check_all_slices ? 3 * std::size_t(shape.elements()) * sizeof(float) +
+           (check_all_slices ? 6 * std::size_t(shape.elements()) * sizeof(float) +
                                    gpu_backward_reference_scratch_bytes(shape)
                              : 0);
   }
@@ -243,21 +244,26 @@ BackwardRunResult run_backward_step(const StepInfo& step, const HostTensors& inp
       download(*host, device, count, shape.dtype);
     }
     AllSliceGradients all;
-    if (check_all_slices) {  // every element, against the GPU reference
-      DeviceBuffer<float> all_dq(count), all_dk(count), all_dv(count);
+    if (check_all_slices) {  // every element, against the GPU reference and its bounds
+      DeviceBuffer<float> all_gradients[6] = {DeviceBuffer<float>(count), DeviceBuffer<float>(count),
+                                              DeviceBuffer<float>(count), DeviceBuffer<float>(count),
+                                              DeviceBuffer<float>(count), DeviceBuffer<float>(count)};
       DeviceBuffer<double> row_stats(gpu_backward_reference_scratch_bytes(shape) / sizeof(double));
-      launch_gpu_backward_reference(q.data(), k.data(), v.data(), d_o_buffer.data(), all_dq.data(),
-                                    all_dk.data(), all_dv.data(), row_stats.data(), shape,
-                                    args.scale, stream);
+      GpuGradients out;
+      float** outputs[6] = {&out.dq, &out.dk, &out.dv, &out.dq_bound, &out.dk_bound, &out.dv_bound};
+      for (int i = 0; i < 6; ++i) *outputs[i] = all_gradients[i].data();
+      launch_gpu_backward_reference(q.data(), k.data(), v.data(), d_o_buffer.data(), out,
+                                    row_stats.data(), shape, args.scale, stream);
       synchronize_or_remember(stream, 2 * checked_run_limit_seconds(shape), [&] {
         abandon_buffers();
-        for (DeviceBuffer<float>* buffer : {&all_dq, &all_dk, &all_dv}) buffer->abandon();
+        for (DeviceBuffer<float>& buffer : all_gradients) buffer.abandon();
         row_stats.abandon();
       });
-      for (auto [host, device] : {std::pair<std::vector<float>*, const float*>{&all.dq, all_dq.data()},
-                                  {&all.dk, all_dk.data()}, {&all.dv, all_dv.data()}}) {
-        host->resize(count);
-        CUDA_CHECK(cudaMemcpy(host->data(), device, count * sizeof(float), cudaMemcpyDeviceToHost));
+      std::vector<float>* hosts[6] = {&all.dq, &all.dk, &all.dv, &all.dq_bound, &all.dk_bound, &all.dv_bound};
+      for (int i = 0; i < 6; ++i) {
+        hosts[i]->resize(count);
+        CUDA_CHECK(cudaMemcpy(hosts[i]->data(), all_gradients[i].data(), count * sizeof(float),
+                              cudaMemcpyDeviceToHost));
       }
     }
     result.check = compare_gradients(shape, *reference, result.dq, result.dk, result.dv, all);

@@ -21,18 +21,27 @@ std::vector<double> as_doubles(const std::vector<__half>& tensor, int64_t offset
 
 }  // namespace
 
+Rounding rounding_of(DType dtype) {
+  return {unit_roundoff(dtype), dtype == DType::bf16 ? 0x1.0p-134 : 0x1.0p-25, 0x1.0p-25, 0x1.0p-23};
+}
+
 SliceGradients attention_backward(const std::vector<double>& q_values,
                                   const std::vector<double>& k_values,
                                   const std::vector<double>& v_values,
                                   const std::vector<double>& d_o_values, int64_t tokens,
-                                  int64_t head_dim, double scale) {
+                                  int64_t head_dim, double scale, DType dtype) {
   const ConstMap q(q_values.data(), tokens, head_dim), k(k_values.data(), tokens, head_dim),
       v(v_values.data(), tokens, head_dim), d_o(d_o_values.data(), tokens, head_dim);
+  const Rounding r = rounding_of(dtype);
+  const double n = double(tokens), d = double(head_dim);
+  const RowMatrix abs_q = q.cwiseAbs(), abs_k = k.cwiseAbs(), abs_v = v.cwiseAbs();
   SliceGradients result;
   result.o.assign(std::size_t(tokens * head_dim), 0.0);
   result.log_sum_exp.assign(std::size_t(tokens), 0.0);
   result.dq.assign(std::size_t(tokens * head_dim), 0.0);
+  result.dq_bound.assign(std::size_t(tokens * head_dim), 0.0);
   RowMatrix dk = RowMatrix::Zero(tokens, head_dim), dv = RowMatrix::Zero(tokens, head_dim);
+  RowMatrix dk_bound = RowMatrix::Zero(tokens, head_dim), dv_bound = RowMatrix::Zero(tokens, head_dim);
   for (int64_t begin = 0; begin < tokens; begin += kRowBlock) {
     const int64_t rows = std::min(kRowBlock, tokens - begin);
     // The forward for these rows: S, L, P, O.
@@ -51,12 +60,40 @@ SliceGradients attention_backward(const std::vector<double>& q_values,
     dv += p.transpose() * d_o_rows;
     const RowMatrix d_p = d_o_rows * v.transpose();
     const Eigen::VectorXd row_dot = (d_o_rows.array() * o.array()).rowwise().sum();  // D
-    const RowMatrix d_s = (p.array() * (d_p.colwise() - row_dot).array()).matrix();
-    Eigen::Map<RowMatrix>(result.dq.data() + begin * head_dim, rows, head_dim) = scale * d_s * k;
+    const RowMatrix d_p_minus_d = d_p.colwise() - row_dot;
+    const RowMatrix d_s = (p.array() * d_p_minus_d.array()).matrix();
+    const RowMatrix dq_rows = scale * d_s * k;
+    Eigen::Map<RowMatrix>(result.dq.data() + begin * head_dim, rows, head_dim) = dq_rows;
     dk += scale * d_s.transpose() * q.middleRows(begin, rows);
+
+    // The bounds for these rows (backward_reference.hpp gives the terms).
+    const RowMatrix abs_q_rows = abs_q.middleRows(begin, rows);
+    const RowMatrix abs_d_o_rows = d_o_rows.cwiseAbs();
+    const RowMatrix sigma = scale * abs_q_rows * abs_k.transpose();
+    const Eigen::VectorXd sigma_max = sigma.rowwise().maxCoeff();
+    const RowMatrix rho = (d * r.fp32) * (sigma.colwise() + sigma_max);
+    const RowMatrix w = ((p.array() * (rho.array() + r.u + n * r.fp32)) + r.tau).matrix();
+    const RowMatrix o_error = ((w * abs_v).array() + r.u * o.cwiseAbs().array() + r.tau).matrix();
+    const Eigen::VectorXd d_error =
+        (abs_d_o_rows.array() * o_error.array()).rowwise().sum() +
+        (d * r.fp32) * (abs_d_o_rows.array() * o.cwiseAbs().array()).rowwise().sum();
+    const RowMatrix d_p_error = (d * r.fp32) * abs_d_o_rows * abs_v.transpose();
+    const RowMatrix d_s_error =
+        ((p.array() * ((rho.array() * d_p_minus_d.cwiseAbs().array() + d_p_error.array()).colwise() +
+                       d_error.array())) +
+         (r.u + n * r.fp32) * d_s.cwiseAbs().array() + r.tau)
+            .matrix();
+    Eigen::Map<RowMatrix>(result.dq_bound.data() + begin * head_dim, rows, head_dim) =
+        ((scale * d_s_error * abs_k).array() + r.u * dq_rows.cwiseAbs().array() + r.stored_tau).matrix();
+    dk_bound += scale * d_s_error.transpose() * abs_q_rows;
+    dv_bound += w.transpose() * abs_d_o_rows;
   }
+  dk_bound = (dk_bound.array() + r.u * dk.cwiseAbs().array() + r.stored_tau).matrix();
+  dv_bound = (dv_bound.array() + r.u * dv.cwiseAbs().array() + r.stored_tau).matrix();
   result.dk.assign(dk.data(), dk.data() + dk.size());
   result.dv.assign(dv.data(), dv.data() + dv.size());
+  result.dk_bound.assign(dk_bound.data(), dk_bound.data() + dk_bound.size());
+  result.dv_bound.assign(dv_bound.data(), dv_bound.data() + dv_bound.size());
   return result;
 }
 
@@ -81,7 +118,7 @@ BackwardReference compute_backward_reference(const HostTensors& inputs,
       reference.gradients[which] = attention_backward(
           as_doubles(inputs.q, offset, n * d), as_doubles(inputs.k, offset, n * d),
           as_doubles(inputs.v, offset, n * d), as_doubles(d_o, offset, n * d), n, d,
-          1.0 / std::sqrt(double(d)));
+          1.0 / std::sqrt(double(d)), inputs.shape.dtype);
     }
   });
   return reference;

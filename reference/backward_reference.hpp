@@ -9,6 +9,13 @@
 //   dQ = s dS K,   dK = s dS^T Q
 //
 // P is rebuilt from L, each row's log-sum-exp: P_ij = exp(S_ij - L_i), as a flash backward does.
+//
+// Beside each gradient the reference gives a bound on the error a correct kernel may make in
+// it (GradientBounds): a flash backward rounds P and dS to the 16-bit type for its products,
+// builds D from the forward's 16-bit O, sums in fp32 and stores in 16 bits. Where the softmax is
+// saturated (large scores, few keys), dQ and dK are small differences of such rounded terms, so
+// no tolerance relative to the gradient's own size holds for every input; a bound element by
+// element, from the same inputs, does.
 #pragma once
 
 #include <cstdint>
@@ -18,14 +25,43 @@
 
 namespace attn {
 
+// The rounding a correct kernel does, for the bounds: u, the 16-bit type's unit roundoff (a
+// value rounded to it moves by at most u |x| + tau); tau, half its smallest subnormal (fp16:
+// 2^-25; bf16, with fp32's exponent range: 2^-134); stored_tau, the same for a gradient as the
+// check reads it: the harness reads every output as fp16, bf16 ones too (inputs.hpp), so a
+// stored value moves by up to 2^-25 where it falls below fp16's normal range; fp32, the
+// relative error of one fp32 addition or product as tensor cores do them (2^-23, truncation
+// allowed).
+struct Rounding {
+  double u, tau, stored_tau, fp32;
+};
+Rounding rounding_of(DType dtype);
+
 // One (b, h) slice, row-major doubles: q, d_o are N x D, k, v are N x D.
+//
+// The bounds, to first order in u and fp32, with s the scale, P, dP = dO V^T, D and dS as above:
+//   sigma_ij = s |q_i| . |k_j|                  the size of score ij's terms
+//   rho_ij   = D fp32 (sigma_ij + max_l sigma_il)   P's relative error: the score's fp32 sum
+//                                                and L's (the forward sums the same scores)
+//   w_ij     = P_ij (rho_ij + u + N fp32) + tau  the error of P_ij rounded to 16 bits, per unit
+//                                                of what it multiplies in a sum of N terms
+//   O_err    = w |V| + u |O| + tau               the forward's O: P rounded, O stored
+//   D_err_i  = |dO_i| . O_err_i + D fp32 |dO_i| . |O_i|
+//   dS_err   = P o (rho o |dP - D| + D fp32 |dO| |V|^T + D_err) + u |dS| + tau + N fp32 |dS|
+//   dq_bound = s dS_err |K| + u |dQ| + stored_tau
+//   dk_bound = s dS_err^T |Q| + u |dK| + stored_tau
+//   dv_bound = w^T |dO| + u |dV| + stored_tau
+// A kernel's error may reach these (they add worst cases), and second-order terms go on top: the
+// check allows kGradientBoundFactor times them (check.hpp).
 struct SliceGradients {
   std::vector<double> o, log_sum_exp;  // the forward's O (N x D) and L (N)
   std::vector<double> dq, dk, dv;      // N x D each
+  std::vector<double> dq_bound, dk_bound, dv_bound;  // N x D each
 };
 SliceGradients attention_backward(const std::vector<double>& q, const std::vector<double>& k,
                                   const std::vector<double>& v, const std::vector<double>& d_o,
-                                  int64_t tokens, int64_t head_dim, double scale);
+                                  int64_t tokens, int64_t head_dim, double scale,
+                                  DType dtype = DType::fp16);
 
 // dO of the standard test inputs: standard normal, from its own stream of the seed.
 std::vector<__half> make_output_gradient(const Shape& shape, uint64_t seed);

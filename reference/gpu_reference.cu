@@ -4,6 +4,7 @@
 
 #include <cmath>
 
+#include "backward_reference.hpp"
 #include "cuda_check.hpp"
 #include "element_type.hpp"
 
@@ -110,15 +111,31 @@ __device__ double dot_with(const double* row, const Element* other, int head_dim
   for (int c = 0; c < head_dim; ++c) dot += row[c] * to_double(other[c]);
   return dot;
 }
+template <typename Element>
+__device__ double abs_dot_with(const double* row, const Element* other, int head_dim) {
+  double dot = 0.0;
+  for (int c = 0; c < head_dim; ++c) dot += fabs(row[c] * to_double(other[c]));
+  return dot;
+}
+
+// The rounding of a correct kernel (backward_reference.hpp's Rounding), as plain numbers.
+struct ErrorModel {
+  double u, tau, stored_tau, fp32, tokens, head_dim;
+};
+// Row i's statistics, kept between the two kernels.
+struct RowStats {
+  double log_sum_exp, row_dot, row_dot_error, sigma_max;
+};
 
 // One warp per query row i: L_i = log sum_j exp(s_ij), D_i = sum_j P_ij dP_ij (from P and dP, not
-// from an O: the reference depends on Q, K, V and dO alone), and dQ_i = scale sum_j dS_ij K_j.
-// Lane l takes keys l, l + 32, ... for the scalars, columns l, l + 32, ... for dQ.
+// from an O: the reference depends on Q, K, V and dO alone), and dQ_i = scale sum_j dS_ij K_j;
+// for the bounds, O_i, max_j sigma_ij and D_i's error bound. Lane l takes keys l, l + 32, ...
+// for the scalars, columns l, l + 32, ... for O and dQ.
 template <typename Element>
 __global__ void reference_backward_rows_fp64(const Element* q, const Element* k, const Element* v,
-                                             const Element* d_o, float* dq, double* row_stats,
-                                             int64_t rows_total, int tokens, int head_dim,
-                                             double scale) {
+                                             const Element* d_o, float* dq, float* dq_bound,
+                                             RowStats* row_stats, int64_t rows_total, int tokens,
+                                             int head_dim, double scale, ErrorModel error) {
   __shared__ double q_rows[kWarpsPerBlock][kGpuReferenceMaxHeadDim];
   __shared__ double d_o_rows[kWarpsPerBlock][kGpuReferenceMaxHeadDim];
   const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
@@ -134,49 +151,103 @@ __global__ void reference_backward_rows_fp64(const Element* q, const Element* k,
   // __dmul_rn: never fused into the subtraction that follows, so a score computed twice is the
   // same number and, at N = 1, P is exactly 1 and dS exactly 0 (dQ and dK vanish, as they must).
   auto score = [&](int key) { return __dmul_rn(scale, dot_with(q_row, k_slice + int64_t(key) * head_dim, head_dim)); };
+  auto sigma = [&](int key) { return scale * abs_dot_with(q_row, k_slice + int64_t(key) * head_dim, head_dim); };
   auto d_p = [&](int key) { return dot_with(d_o_row, v_slice + int64_t(key) * head_dim, head_dim); };
 
-  double row_max = -INFINITY;
-  for (int key = lane; key < tokens; key += kWarpSize) row_max = fmax(row_max, score(key));
+  double row_max = -INFINITY, sigma_max = 0.0;
+  for (int key = lane; key < tokens; key += kWarpSize) {
+    row_max = fmax(row_max, score(key));
+    sigma_max = fmax(sigma_max, sigma(key));
+  }
   row_max = warp_max(row_max);
+  sigma_max = warp_max(sigma_max);
   double row_sum = 0.0;
   for (int key = lane; key < tokens; key += kWarpSize) row_sum += exp(score(key) - row_max);
   const double log_sum_exp = row_max + log(warp_sum(row_sum));
   double row_dot = 0.0;
   for (int key = lane; key < tokens; key += kWarpSize) row_dot += exp(score(key) - log_sum_exp) * d_p(key);
   row_dot = warp_sum(row_dot);
+  // P's relative error for key j, and the error of P rounded to 16 bits per unit it multiplies.
+  auto rho = [&](int key) { return error.head_dim * error.fp32 * (sigma(key) + sigma_max); };
+  auto rounded_p_error = [&](int key, double p) {
+    return p * (rho(key) + error.u + error.tokens * error.fp32) + error.tau;
+  };
 
-  double dq_acc[kColumnsPerLane] = {};
+  // O_i and its bound (the forward's rounding), then D_i's bound.
+  double o_acc[kColumnsPerLane] = {}, o_error[kColumnsPerLane] = {};
   for (int chunk = 0; chunk < tokens; chunk += kWarpSize) {
     const int key = chunk + lane;
-    const double d_s = key < tokens ? exp(score(key) - log_sum_exp) * (d_p(key) - row_dot) : 0.0;
+    const double p = key < tokens ? exp(score(key) - log_sum_exp) : 0.0;
+    const double w = key < tokens ? rounded_p_error(key, p) : 0.0;
     const int chunk_keys = min(kWarpSize, tokens - chunk);
     for (int j = 0; j < chunk_keys; ++j) {
-      const double d_s_j = __shfl_sync(0xffffffffu, d_s, j);
-      const Element* k_row = k_slice + int64_t(chunk + j) * head_dim;
+      const double p_j = __shfl_sync(0xffffffffu, p, j), w_j = __shfl_sync(0xffffffffu, w, j);
+      const Element* v_row = v_slice + int64_t(chunk + j) * head_dim;
       for (int i = 0; i < kColumnsPerLane; ++i) {
         const int c = lane + i * kWarpSize;
-        if (c < head_dim) dq_acc[i] += d_s_j * to_double(k_row[c]);
+        if (c < head_dim) {
+          o_acc[i] += p_j * to_double(v_row[c]);
+          o_error[i] += w_j * fabs(to_double(v_row[c]));
+        }
       }
     }
   }
-  if (lane == 0) {
-    row_stats[2 * row_index] = log_sum_exp;
-    row_stats[2 * row_index + 1] = row_dot;
-  }
+  double row_dot_error = 0.0;
   for (int i = 0; i < kColumnsPerLane; ++i) {
     const int c = lane + i * kWarpSize;
-    if (c < head_dim) dq[row_index * head_dim + c] = float(scale * dq_acc[i]);
+    if (c < head_dim) {
+      const double o_bound = o_error[i] + error.u * fabs(o_acc[i]) + error.tau;
+      row_dot_error += fabs(d_o_row[c]) * (o_bound + error.head_dim * error.fp32 * fabs(o_acc[i]));
+    }
+  }
+  row_dot_error = warp_sum(row_dot_error);
+
+  double dq_acc[kColumnsPerLane] = {}, dq_error[kColumnsPerLane] = {};
+  for (int chunk = 0; chunk < tokens; chunk += kWarpSize) {
+    const int key = chunk + lane;
+    double d_s = 0.0, d_s_error = 0.0;
+    if (key < tokens) {
+      const double p = exp(score(key) - log_sum_exp);
+      const double d_p_minus_d = d_p(key) - row_dot;
+      d_s = p * d_p_minus_d;
+      const double d_p_error = error.head_dim * error.fp32 *
+                               abs_dot_with(d_o_row, v_slice + int64_t(key) * head_dim, head_dim);
+      d_s_error = p * (rho(key) * fabs(d_p_minus_d) + d_p_error + row_dot_error) +
+                  (error.u + error.tokens * error.fp32) * fabs(d_s) + error.tau;
+    }
+    const int chunk_keys = min(kWarpSize, tokens - chunk);
+    for (int j = 0; j < chunk_keys; ++j) {
+      const double d_s_j = __shfl_sync(0xffffffffu, d_s, j);
+      const double d_s_error_j = __shfl_sync(0xffffffffu, d_s_error, j);
+      const Element* k_row = k_slice + int64_t(chunk + j) * head_dim;
+      for (int i = 0; i < kColumnsPerLane; ++i) {
+        const int c = lane + i * kWarpSize;
+        if (c < head_dim) {
+          dq_acc[i] += d_s_j * to_double(k_row[c]);
+          dq_error[i] += d_s_error_j * fabs(to_double(k_row[c]));
+        }
+      }
+    }
+  }
+  if (lane == 0) row_stats[row_index] = {log_sum_exp, row_dot, row_dot_error, sigma_max};
+  for (int i = 0; i < kColumnsPerLane; ++i) {
+    const int c = lane + i * kWarpSize;
+    if (c < head_dim) {
+      const double value = scale * dq_acc[i];
+      dq[row_index * head_dim + c] = float(value);
+      dq_bound[row_index * head_dim + c] = float(scale * dq_error[i] + error.u * fabs(value) + error.stored_tau);
+    }
   }
 }
 
 // One warp per key j, after the row kernel: dV_j = sum_i P_ij dO_i and dK_j = scale sum_i dS_ij Q_i,
-// with P_ij = exp(s_ij - L_i) and dS_ij = P_ij (dP_ij - D_i). Lane l takes rows l, l + 32, ...
+// with P_ij = exp(s_ij - L_i) and dS_ij = P_ij (dP_ij - D_i), and their bounds. Lane l takes
+// rows l, l + 32, ...
 template <typename Element>
 __global__ void reference_backward_keys_fp64(const Element* q, const Element* k, const Element* v,
-                                             const Element* d_o, const double* row_stats, float* dk,
-                                             float* dv, int64_t rows_total, int tokens,
-                                             int head_dim, double scale) {
+                                             const Element* d_o, const RowStats* row_stats,
+                                             GpuGradients out, int64_t rows_total, int tokens,
+                                             int head_dim, double scale, ErrorModel error) {
   __shared__ double k_rows[kWarpsPerBlock][kGpuReferenceMaxHeadDim];
   __shared__ double v_rows[kWarpsPerBlock][kGpuReferenceMaxHeadDim];
   const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
@@ -191,26 +262,39 @@ __global__ void reference_backward_keys_fp64(const Element* q, const Element* k,
   load_row(v_row, v + key_index * head_dim, head_dim, lane);
 
   double dk_acc[kColumnsPerLane] = {}, dv_acc[kColumnsPerLane] = {};
+  double dk_error[kColumnsPerLane] = {}, dv_error[kColumnsPerLane] = {};
   for (int chunk = 0; chunk < tokens; chunk += kWarpSize) {
     const int row = chunk + lane;
-    double p = 0.0, d_s = 0.0;
+    double p = 0.0, d_s = 0.0, w = 0.0, d_s_error = 0.0;
     if (row < tokens) {
-      const double log_sum_exp = row_stats[2 * (slice_row0 + row)];
-      const double row_dot = row_stats[2 * (slice_row0 + row) + 1];
-      p = exp(__dmul_rn(scale, dot_with(k_row, q_slice + int64_t(row) * head_dim, head_dim)) - log_sum_exp);
-      d_s = p * (dot_with(v_row, d_o_slice + int64_t(row) * head_dim, head_dim) - row_dot);
+      const RowStats stats = row_stats[slice_row0 + row];
+      const Element* q_row = q_slice + int64_t(row) * head_dim;
+      const Element* d_o_row = d_o_slice + int64_t(row) * head_dim;
+      p = exp(__dmul_rn(scale, dot_with(k_row, q_row, head_dim)) - stats.log_sum_exp);
+      const double d_p_minus_d = dot_with(v_row, d_o_row, head_dim) - stats.row_dot;
+      d_s = p * d_p_minus_d;
+      const double rho = error.head_dim * error.fp32 * (scale * abs_dot_with(k_row, q_row, head_dim) + stats.sigma_max);
+      w = p * (rho + error.u + error.tokens * error.fp32) + error.tau;
+      const double d_p_error = error.head_dim * error.fp32 * abs_dot_with(v_row, d_o_row, head_dim);
+      d_s_error = p * (rho * fabs(d_p_minus_d) + d_p_error + stats.row_dot_error) +
+                  (error.u + error.tokens * error.fp32) * fabs(d_s) + error.tau;
     }
     const int chunk_rows = min(kWarpSize, tokens - chunk);
     for (int j = 0; j < chunk_rows; ++j) {
       const double p_j = __shfl_sync(0xffffffffu, p, j);
       const double d_s_j = __shfl_sync(0xffffffffu, d_s, j);
+      const double w_j = __shfl_sync(0xffffffffu, w, j);
+      const double d_s_error_j = __shfl_sync(0xffffffffu, d_s_error, j);
       const Element* q_row = q_slice + int64_t(chunk + j) * head_dim;
       const Element* d_o_row = d_o_slice + int64_t(chunk + j) * head_dim;
       for (int i = 0; i < kColumnsPerLane; ++i) {
         const int c = lane + i * kWarpSize;
         if (c < head_dim) {
-          dv_acc[i] += p_j * to_double(d_o_row[c]);
-          dk_acc[i] += d_s_j * to_double(q_row[c]);
+          const double d_o_value = to_double(d_o_row[c]), q_value = to_double(q_row[c]);
+          dv_acc[i] += p_j * d_o_value;
+          dk_acc[i] += d_s_j * q_value;
+          dv_error[i] += w_j * fabs(d_o_value);
+          dk_error[i] += d_s_error_j * fabs(q_value);
         }
       }
     }
@@ -218,8 +302,12 @@ __global__ void reference_backward_keys_fp64(const Element* q, const Element* k,
   for (int i = 0; i < kColumnsPerLane; ++i) {
     const int c = lane + i * kWarpSize;
     if (c < head_dim) {
-      dk[key_index * head_dim + c] = float(scale * dk_acc[i]);
-      dv[key_index * head_dim + c] = float(dv_acc[i]);
+      const int64_t at = key_index * head_dim + c;
+      const double dk_value = scale * dk_acc[i];
+      out.dk[at] = float(dk_value);
+      out.dv[at] = float(dv_acc[i]);
+      out.dk_bound[at] = float(scale * dk_error[i] + error.u * fabs(dk_value) + error.stored_tau);
+      out.dv_bound[at] = float(dv_error[i] + error.u * fabs(dv_acc[i]) + error.stored_tau);
     }
   }
 }
@@ -235,17 +323,20 @@ void check_head_dim(const Shape& shape) {
 }  // namespace
 
 std::size_t gpu_backward_reference_scratch_bytes(const Shape& shape) {
-  return 2 * std::size_t(shape.slices() * shape.tokens) * sizeof(double);
+  return std::size_t(shape.slices() * shape.tokens) * sizeof(RowStats);
 }
 
 void launch_gpu_backward_reference(const __half* q, const __half* k, const __half* v,
-                                   const __half* d_o, float* dq, float* dk, float* dv,
-                                   double* row_stats, const Shape& shape, double scale,
-                                   cudaStream_t stream) {
+                                   const __half* d_o, const GpuGradients& out, double* row_stats,
+                                   const Shape& shape, double scale, cudaStream_t stream) {
   check_head_dim(shape);
   if (shape.cross()) throw CudaError("the GPU backward reference serves self-attention (N_k = N) only");
   const int64_t rows_total = shape.slices() * shape.tokens;
   const unsigned blocks = unsigned((rows_total + kWarpsPerBlock - 1) / kWarpsPerBlock);
+  const Rounding rounding = rounding_of(shape.dtype);
+  const ErrorModel error{rounding.u, rounding.tau, rounding.stored_tau, rounding.fp32,
+                         double(shape.tokens), double(shape.head_dim)};
+  auto* stats = reinterpret_cast<RowStats*>(row_stats);
   with_element_type(shape.dtype, [&](auto element) {
     using Element = decltype(element);
     const auto* q_in = reinterpret_cast<const Element*>(q);
@@ -253,12 +344,12 @@ void launch_gpu_backward_reference(const __half* q, const __half* k, const __hal
     const auto* v_in = reinterpret_cast<const Element*>(v);
     const auto* d_o_in = reinterpret_cast<const Element*>(d_o);
     reference_backward_rows_fp64<<<blocks, kWarpsPerBlock * kWarpSize, 0, stream>>>(
-        q_in, k_in, v_in, d_o_in, dq, row_stats, rows_total, int(shape.tokens),
-        int(shape.head_dim), scale);
+        q_in, k_in, v_in, d_o_in, out.dq, out.dq_bound, stats, rows_total, int(shape.tokens),
+        int(shape.head_dim), scale, error);
     CUDA_CHECK_LAUNCH();
     reference_backward_keys_fp64<<<blocks, kWarpsPerBlock * kWarpSize, 0, stream>>>(
-        q_in, k_in, v_in, d_o_in, row_stats, dk, dv, rows_total, int(shape.tokens),
-        int(shape.head_dim), scale);
+        q_in, k_in, v_in, d_o_in, stats, out, rows_total, int(shape.tokens), int(shape.head_dim),
+        scale, error);
     CUDA_CHECK_LAUNCH();
   });
 }

@@ -37,15 +37,23 @@ void launch_gpu_reference(const __half* q, const __half* k, const __half* v,
 
 constexpr int kGpuReferenceMaxHeadDim = 256;
 
-// The backward's GPU reference, in the same way: dQ, dK and dV (device, [B, H, N, D] fp32 each)
-// for every slice from device Q, K, V and dO of shape.dtype, all arithmetic in fp64 (backward_reference.hpp
-// has the maths), scale = 1/sqrt(D) unless given. `row_stats` is device scratch of
-// gpu_backward_reference_scratch_bytes(shape). Any N >= 1, D <= 256. Two kernels: one warp per
-// query row (its L, D = sum_j P_ij dP_ij and dQ), then one warp per key (dK and dV).
+// The backward's GPU reference, in the same way: dQ, dK and dV for every slice from device Q, K,
+// V and dO of shape.dtype, all arithmetic in fp64 (backward_reference.hpp has the maths), and
+// beside each gradient the bound on a correct kernel's error in it that the CPU reference gives
+// (SliceGradients). `row_stats` is device scratch of gpu_backward_reference_scratch_bytes(shape).
+// Any N >= 1, D <= 256. Two kernels: one warp per query row (its L, D, their bounds and dQ),
+// then one warp per key (dK and dV).
+struct GpuGradients {  // device, [B, H, N, D] fp32 each
+  float* dq = nullptr;
+  float* dk = nullptr;
+  float* dv = nullptr;
+  float* dq_bound = nullptr;
+  float* dk_bound = nullptr;
+  float* dv_bound = nullptr;
+};
 void launch_gpu_backward_reference(const __half* q, const __half* k, const __half* v,
-                                   const __half* d_o, float* dq, float* dk, float* dv,
-                                   double* row_stats, const Shape& shape, double scale,
-                                   cudaStream_t stream);
+                                   const __half* d_o, const GpuGradients& out, double* row_stats,
+                                   const Shape& shape, double scale, cudaStream_t stream);
 std::size_t gpu_backward_reference_scratch_bytes(const Shape& shape);
 
 }  // namespace attn
