@@ -11,6 +11,7 @@
 #include <cstddef>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "problem.hpp"
@@ -116,6 +117,15 @@ struct BackwardArgs {
   bool deterministic = false;
 };
 
+// The tiles a step cuts the sequence into at a head dim: along the queries (rows of a block or of
+// a warpgroup's share) and along the keys (a K/V tile, or the keys a block owns in a backward).
+// Sizes at an exact multiple of a tile, or one short of or past one, are where a tail mask or a
+// tile count goes wrong; the GPU suite tests N = k x tile and k x tile +- 1 for each of them.
+struct TileSizes {
+  std::vector<int> rows, keys;
+};
+using TileSizesFn = TileSizes (*)(int head_dim);
+
 using LaunchFn = void (*)(const AttentionArgs&);
 using BackwardLaunchFn = void (*)(const BackwardArgs&);
 using WorkspaceFn = std::size_t (*)(const Shape&);
@@ -181,6 +191,14 @@ struct StepInfo {
   std::vector<DType> dtypes = {DType::fp16};  // the element types it takes (AttentionArgs::dtype)
   bool takes_kv_tokens = false;  // serves N_k != N (cross-attention: AttentionArgs::kv_tokens)
   bool takes_key_padding_mask = false;  // honours AttentionArgs::key_padding_mask
+  TileSizesFn tile_sizes = nullptr;  // nullptr: no tiles along N (one thread per output, v0)
+
+  // The registration's last word: `StepInfo{...}.with_tiles(tile_sizes)`.
+  StepInfo with_tiles(TileSizesFn sizes) && {
+    tile_sizes = sizes;
+    return std::move(*this);
+  }
+  TileSizes tiles(int head_dim) const { return tile_sizes ? tile_sizes(head_dim) : TileSizes{}; }
 
   // Why this step refuses the shape on any GPU (a head dim or a dtype it does not serve), in one
   // line that names the flag; nothing if it serves it.

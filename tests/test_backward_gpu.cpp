@@ -19,10 +19,15 @@ namespace {
 using attn::CheckMode;
 using attn::Shape;
 
+// qk_scale multiplies Q and K (inputs.hpp); 0: the key-mask probe's inputs, every score far
+// below 0, so every row's L is too.
+constexpr double kMaskProbe = 0.0;
 attn::BackwardRunResult run_backward(const Shape& shape, CheckMode mode, double qk_scale = 1.0,
                                      bool deterministic = false, uint64_t seed = 19) {
   const attn::StepInfo& step = step_under_test();
-  const attn::HostTensors inputs = attn::make_inputs(shape, seed, qk_scale);
+  const attn::HostTensors inputs = qk_scale == kMaskProbe
+                                       ? attn::make_key_mask_probe_inputs(shape, seed)
+                                       : attn::make_inputs(shape, seed, qk_scale);
   const std::vector<__half> d_o = attn::make_output_gradient(shape, seed);
   const attn::BackwardReference reference =
       attn::compute_backward_reference(inputs, d_o, attn::slices_to_check(shape, mode, seed));
@@ -42,11 +47,14 @@ bool same_bits(const std::vector<__half>& a, const std::vector<__half>& b) {
 }
 
 void require_pass(const attn::CheckResult& result) {
-  INFO("largest relative error of dQ, dK, dV " << result.relative_error << " (tolerance "
-       << result.relative_tolerance << "), max abs error " << result.max_abs_error
-       << " (tolerance " << result.abs_tolerance << ") on " << result.checked_slices << " of "
-       << result.total_slices << " slices; " << result.nonfinite << " non-finite; " << result.worst);
+  INFO("largest error " << result.worst_bound_ratio << " of its element's bound (allowed "
+       << attn::kGradientBoundFactor << ") on " << result.checked_slices << " of "
+       << result.total_slices << " slices against fp64, " << result.all_worst_bound_ratio
+       << " on all " << result.all_checked_slices << " against the GPU reference; largest relative"
+       << " error of dQ, dK, dV " << result.relative_error << "; " << result.nonfinite
+       << " non-finite; " << result.worst);
   CHECK(result.passed);
+  CHECK(result.nonfinite == 0);
 }
 
 bool serves(const Shape& shape) { return !step_under_test().refuses(shape, device_under_test()); }
@@ -62,6 +70,43 @@ TEST_SUITE("backward") {
           CAPTURE(shape.str());
           REQUIRE(serves(shape));
           require_pass(check_backward(shape, CheckMode::full));
+        }
+      }
+    }
+  }
+
+  TEST_CASE("tile multiples: N = k x tile and k x tile +- 1 for every tile of every head dim") {
+    // The step's own tiles (StepInfo::tile_sizes): the Q tiles it walks and the keys a block
+    // owns, exactly and one short of or past them.
+    for (int head_dim : step_under_test().head_dims) {
+      for (int64_t tokens : sizes_around(all_tiles(step_under_test().tiles(head_dim)))) {
+        const Shape shape{1, 2, tokens, head_dim};
+        CAPTURE(shape.str());
+        REQUIRE(serves(shape));
+        require_pass(check_backward(shape, CheckMode::full));
+      }
+    }
+  }
+
+  TEST_CASE("large scores over a few keys and at tile edges: finite, right gradients, both modes") {
+    // Scores at a standard deviation of 16, and the key-mask probe's (every score far below 0),
+    // at N = 1, 2, 3, 5, 17 and one short of and past each tile: a row's L is far below 0, so a
+    // key past N (a zero K row, score 0) has P = exp(-L), which overflows unless the kernel
+    // gives it no weight. fp16 and bf16 where taken, the deterministic mode too.
+    const attn::StepInfo& step = step_under_test();
+    for (attn::DType dtype : step.dtypes) {
+      for (int head_dim : step.head_dims) {
+        for (int64_t tokens : few_keys_and_tile_edges(step.tiles(head_dim))) {
+          for (double qk_scale : {attn::kLargeScoreScale, kMaskProbe}) {
+            for (bool deterministic : {false, true}) {
+              const Shape shape{2, 3, tokens, head_dim, dtype};
+              CAPTURE(shape.str());
+              CAPTURE(qk_scale);
+              CAPTURE(deterministic);
+              REQUIRE(serves(shape));
+              require_pass(run_backward(shape, CheckMode::full, qk_scale, deterministic).check);
+            }
+          }
         }
       }
     }

@@ -85,6 +85,63 @@ TEST_CASE("shape matrix: every N of the tests, tails included, every head dim se
   }
 }
 
+TEST_CASE("tile multiples: N = k x tile and k x tile +- 1 for every tile of every head dim") {
+  // The step's own tiles (StepInfo::tile_sizes): a tail mask written for "N % tile != 0", a tile
+  // count off by one, or a last tile assumed partial break exactly here. Where the step takes
+  // N_k != N, the sizes of the query tiles and of the key tiles are also run apart, the other
+  // side at 77; the key sizes with the key-mask probe too (a key past N_k admitted fails it).
+  const attn::StepInfo& step = step_under_test();
+  for (int head_dim : step.head_dims) {
+    const attn::TileSizes tiles = step.tiles(head_dim);
+    if (tiles.rows.empty() && tiles.keys.empty()) {
+      MESSAGE(step.id << " cuts N into no tiles (one thread per output): nothing to run here");
+      return;
+    }
+    CAPTURE(head_dim);
+    for (int64_t tokens : sizes_around(all_tiles(tiles))) {
+      const Shape shape{1, 2, tokens, head_dim};
+      if (!serves(step, shape)) continue;
+      CAPTURE(shape.str());
+      require_pass(check_step(step, shape));
+    }
+    if (!step.takes_kv_tokens) continue;
+    for (int64_t tokens : sizes_around(tiles.rows)) {
+      const Shape shape{1, 2, tokens, head_dim, attn::DType::fp16, 77};
+      if (!serves(step, shape)) continue;
+      CAPTURE(shape.str());
+      require_pass(check_step(step, shape));
+    }
+    for (int64_t kv_tokens : sizes_around(tiles.keys)) {
+      const Shape shape{1, 2, 77, head_dim, attn::DType::fp16, kv_tokens};
+      if (!serves(step, shape)) continue;
+      CAPTURE(shape.str());
+      require_pass(check_step(step, shape));
+      Run mask;
+      mask.mask_probe = true;
+      require_pass(check_step(step, shape, mask));
+    }
+  }
+}
+
+TEST_CASE("large scores over a few keys and at tile edges: every output finite and right") {
+  // Scores at a standard deviation of 16 (kLargeScoreScale) with N = 1, 2, 3, 5, 17 and one
+  // short of and past each tile: a row's L is often far below 0 there, so a key past N that keeps
+  // any weight (its score 0 from a zero-filled K row) overflows. In each dtype the step takes.
+  const attn::StepInfo& step = step_under_test();
+  for (attn::DType dtype : step.dtypes) {
+    for (int head_dim : step.head_dims) {
+      for (int64_t tokens : few_keys_and_tile_edges(step.tiles(head_dim))) {
+        const Shape shape{2, 3, tokens, head_dim, dtype};
+        if (!serves(step, shape)) continue;
+        CAPTURE(shape.str());
+        Run run;
+        run.qk_scale = attn::kLargeScoreScale;
+        require_pass(check_step(step, shape, run));
+      }
+    }
+  }
+}
+
 TEST_CASE("headline ViT shapes at B = 32, H = 12 (fp64 on sampled slices, every slice on the GPU)") {
   const attn::StepInfo& step = step_under_test();
   for (int head_dim : step.head_dims) {

@@ -6,18 +6,27 @@
 // check too: they need unlucky timing to show. In the checked build the pieces of pipeline.cuh
 // keep the state the protocol implies and test every rule where it can be broken, on every run:
 //
-//   read-before-full      a consumer reads a stage it has not acquired by a wait on the stage's
-//                         full barrier in this use (or reads it after releasing it)
-//   release-before-wgmma  a consumer releases a stage while a committed wgmma group that reads
-//                         it has not been waited for
-//   staging-busy          a thread writes a staging buffer (O's, or v10's dQ) while a TMA store
-//                         or reduce from it may still be reading: the storing thread did not wait
-//                         for its reads, or the writers did not wait for that thread (one thread
-//                         waits, all write)
-//   refill-before-release the producer arms a stage for a new use before the consumers released
-//                         it (no wait on its empty barrier for this use)
-//   watchdog              a wait that does not complete within 2 s (a wrong parity, a wrong byte
-//                         count, a missing arrive): named instead of hanging
+//   read-before-full         a consumer reads a stage it has not acquired by a wait on the
+//                            stage's full barrier in this use (or reads it after releasing it)
+//   release-before-wgmma     a consumer releases a stage while a committed wgmma group that reads
+//                            it has not been waited for
+//   arrive-without-wait      a thread releases a stage it has not waited for in this use, or
+//                            passes the ping-pong turn it has not waited for: an arrival the
+//                            other side counts for a use this thread never saw (the paths where
+//                            a warp has no work, which only keep the barrier counts, are where
+//                            such waits go missing)
+//   unfenced-async-read      a buffer that threads wrote with ordinary stores is handed to an
+//                            asynchronous reader (a TMA store, a bulk reduce, wgmma) while one of
+//                            those threads has not run fence.proxy.async since its writes
+//   write-during-async-read  a thread writes a buffer (O's or dQ's staging tile, v10's dS^T)
+//                            before the asynchronous reads of its last contents are known to be
+//                            complete: their reader waited for them, then met this thread at a
+//                            barrier. Judged on what the protocol guarantees, not on timing: a
+//                            write that happens to come late enough still breaks it
+//   refill-before-release    the producer arms a stage for a new use before the consumers
+//                            released it (no wait on its empty barrier for this use)
+//   watchdog                 a wait that does not complete within 2 s (a wrong parity, a wrong
+//                            byte count, a missing arrive): named instead of hanging
 //
 // The first violation of a launch is kept in a record on the device and read back by the harness
 // after the run (StepInfo::pipeline_report): the test or the step's check fails with one line
@@ -46,17 +55,20 @@
 namespace hopper {
 
 // What a rule names. A staging buffer's "slot" is the warpgroup that owns it (O's in the
-// forward steps, dQ's in v10).
-enum class Buffer : int { q, k, v, kv, o_staging, d_o, dq_staging };
+// forward steps, dQ's in v10); the turn's, the consumer that passed it.
+enum class Buffer : int { q, k, v, kv, o_staging, d_o, dq_staging, ds, turn };
 enum class Barrier : int { full, empty };
 enum class Rule : int {
   none = 0,
   read_before_full,
   release_before_wgmma,
-  staging_busy,
+  arrive_without_wait,
+  unfenced_async_read,
+  write_during_async_read,
   refill_before_release,
   watchdog,
 };
+constexpr int kRules = 8;
 
 constexpr uint64_t kWatchdogNanoseconds = 2'000'000'000;
 
@@ -101,6 +113,8 @@ inline const char* buffer_name(int buffer) {
     case Buffer::o_staging: return "O staging";
     case Buffer::d_o: return "dO";
     case Buffer::dq_staging: return "dQ staging";
+    case Buffer::ds: return "dS^T";
+    case Buffer::turn: return "ping-pong turn";
   }
   return "?";
 }
@@ -108,11 +122,12 @@ inline const char* buffer_name(int buffer) {
 // "v8: pipeline rule release-before-wgmma broken in block 3, thread 130: released K slot 1
 // (use 5) while a committed wgmma group that reads it had not been waited for"
 inline void describe(const Violation& v, const char* step, Line& line) {
-  static const char* const kNames[] = {"none", "read-before-full", "release-before-wgmma",
-                                       "staging-busy", "refill-before-release", "watchdog"};
+  static const char* const kNames[kRules] = {
+      "none",          "read-before-full",        "release-before-wgmma",  "arrive-without-wait",
+      "unfenced-async-read", "write-during-async-read", "refill-before-release", "watchdog"};
   line.append(step);
   line.append(": pipeline rule ");
-  line.append(kNames[v.rule >= 0 && v.rule <= 5 ? v.rule : 0]);
+  line.append(kNames[v.rule >= 0 && v.rule < kRules ? v.rule : 0]);
   line.append(" broken in block ");
   line.append((long long)v.block);
   line.append(", thread ");
@@ -121,6 +136,20 @@ inline void describe(const Violation& v, const char* step, Line& line) {
   auto stage = [&] {
     line.append(buffer_name(v.buffer));
     line.append(" slot ");
+    line.append((long long)v.slot);
+    line.append(" (use ");
+    line.append((long long)v.use);
+    line.append(")");
+  };
+  // A staging buffer is named by its owner, a dS^T buffer by its slot and use.
+  auto written_buffer = [&] {
+    if (Buffer(v.buffer) == Buffer::ds) {
+      stage();
+      return;
+    }
+    line.append("the ");
+    line.append(buffer_name(v.buffer));
+    line.append(" buffer of warpgroup ");
     line.append((long long)v.slot);
     line.append(" (use ");
     line.append((long long)v.use);
@@ -137,13 +166,34 @@ inline void describe(const Violation& v, const char* step, Line& line) {
       stage();
       line.append(" while a committed wgmma group that reads it had not been waited for");
       break;
-    case Rule::staging_busy:
-      line.append("wrote the ");
-      line.append(buffer_name(v.buffer));
-      line.append(" buffer of warpgroup ");
-      line.append((long long)v.slot);
-      line.append(" while a TMA store from it may still be reading it (wait for the store's "
-                  "reads, then a barrier of the writers, before writing)");
+    case Rule::arrive_without_wait:
+      if (Buffer(v.buffer) == Buffer::turn) {
+        line.append("passed the ping-pong turn of consumer ");
+        line.append((long long)v.slot);
+        line.append(" (turn ");
+        line.append((long long)v.use);
+        line.append(") without having waited for it: the other consumer's next wait counts an "
+                    "arrival for a turn this one never took");
+      } else {
+        line.append("released ");
+        stage();
+        line.append(" without a wait on its full barrier in this use: the producer counts the "
+                    "arrival for a copy this thread never saw land");
+      }
+      break;
+    case Rule::unfenced_async_read:
+      line.append("handed ");
+      written_buffer();
+      line.append(" to an asynchronous reader while this thread had written it with ordinary "
+                  "stores and run no fence.proxy.async since (fence after the writes, before the "
+                  "barrier that hands the buffer over)");
+      break;
+    case Rule::write_during_async_read:
+      line.append("wrote ");
+      written_buffer();
+      line.append(" before the asynchronous reads of its last contents were known to be complete "
+                  "(their reader must wait for them, then meet the writers at a barrier, before "
+                  "anyone writes)");
       break;
     case Rule::refill_before_release:
       line.append("armed ");
@@ -179,8 +229,10 @@ __device__ __forceinline__ uint64_t global_time_ns() {
 // Keeps the first violation of the run; later ones are dropped. Inlined, and no printf: a call
 // here would make ptxas serialize every wgmma of the kernel (C7510), and the checked build
 // should run the pipeline as asynchronously as the normal one.
+// `thread`: the thread that broke the rule, when another one finds out (a writer that did not
+// fence, found by the thread that hands the buffer over); -1: this one.
 __device__ __forceinline__ void report(Rule rule, Buffer buffer, Barrier barrier, int slot,
-                                       int use, uint32_t parity) {
+                                       int use, uint32_t parity, int thread = -1) {
   if (rule == Rule::watchdog) atomicExch(&violation.give_up, 1);
   if (atomicCAS(&violation.rule, 0, int(rule)) != 0) return;
   violation.buffer = int(buffer);
@@ -189,12 +241,13 @@ __device__ __forceinline__ void report(Rule rule, Buffer buffer, Barrier barrier
   violation.use = use;
   violation.parity = parity;
   violation.block = int(blockIdx.x);
-  violation.thread = int(threadIdx.x);
+  violation.thread = thread >= 0 ? thread : int(threadIdx.x);
   __threadfence();
 }
 
-__device__ __forceinline__ void check(bool holds, Rule rule, Buffer buffer, int slot, int use) {
-  if (!holds) report(rule, buffer, Barrier::full, slot, use, 0);
+__device__ __forceinline__ void check(bool holds, Rule rule, Buffer buffer, int slot, int use,
+                                      int thread = -1) {
+  if (!holds) report(rule, buffer, Barrier::full, slot, use, 0, thread);
 }
 
 // The host's half: the first violation since the last call, as one line, and a clean record.

@@ -5,8 +5,16 @@
 //   Ring           kSlots buffers used in turn, each guarded by a "full" mbarrier (the copy has
 //                  landed) and, where the consumers hand buffers back one by one (v8), an "empty"
 //                  one (every consumer warp has finished with it)
+//   PingPong       v8's two consumers taking turns on the tensor cores
 //   StagingBuffer  a shared-memory tile that leaves through the copy engine: written by ordinary
 //                  stores, read by an asynchronous TMA store (O) or bulk reduce-add (v10's dQ)
+//   ThreadOperand  kSlots shared-memory tiles that threads write and wgmma reads (v10's dS^T)
+//
+// A buffer that threads write and an asynchronous reader reads goes through the same four
+// hooks in both of the last two: begin_writes (the reads of its last contents are complete),
+// the writes, fence (fence.proxy.async: the writes become visible to the async proxy), and a
+// barrier of the writers that hands it over; the reader's completion is awaited before the
+// next begin_writes.
 //
 // In a normal build each method is the instruction it wraps and nothing else. In the checked
 // build (checked.cuh) they also keep, per thread, what the protocol says that thread may do, and
@@ -200,6 +208,7 @@ class Ring {
  private:
   __device__ void check_release(int use, const WgmmaGroups& groups) {
 #if ATTN_CHECKED_PIPELINE
+    check(get(acquired_, slot(use)) == use, Rule::arrive_without_wait, name_, slot(use), use);
     check(!groups.reading(name_, slot(use)), Rule::release_before_wgmma, name_, slot(use), use);
     set(acquired_, slot(use), -1);
 #else
@@ -229,11 +238,91 @@ class Ring {
 #endif
 };
 
+// ---- The ping-pong turn -------------------------------------------------------------------------
+
+// v8's two consumers take turns issuing their GEMMs: consumer c waits at barrier turn + c, then
+// hands the turn over by arriving at the other's. Consumer 1 hands consumer 0 the first turn.
+class PingPong {
+ public:
+  __device__ explicit PingPong(int consumer) : consumer_(consumer) {}
+
+  // Consumer 1, once, at the start: consumer 0 goes first.
+  __device__ void hand_over_first_turn() {
+    named_barrier_arrive(NamedBarrier::turn, 1 - consumer_, 256);
+  }
+  __device__ void wait_for_turn() {
+    named_barrier_sync(NamedBarrier::turn, consumer_, 256);
+#if ATTN_CHECKED_PIPELINE
+    held_ = true;
+#endif
+  }
+  // Only a consumer that holds the turn may pass it: an arrival without the wait before it lets
+  // the other consumer's next wait through for a turn this one never took.
+  __device__ void pass_turn() {
+#if ATTN_CHECKED_PIPELINE
+    check(held_, Rule::arrive_without_wait, Buffer::turn, consumer_, turns_);
+    held_ = false;
+    ++turns_;
+#endif
+    named_barrier_arrive(NamedBarrier::turn, 1 - consumer_, 256);
+  }
+
+ private:
+  int consumer_;
+#if ATTN_CHECKED_PIPELINE
+  bool held_ = false;
+  int turns_ = 0;
+#endif
+};
+
+// ---- Buffers that threads write and an asynchronous reader reads ---------------------------------
+
+#if ATTN_CHECKED_PIPELINE
+// Per buffer (a staging buffer's owner, or a ThreadOperand's slot), in shared memory: how many
+// threads have begun writing and not fenced (and the last of them, to name it), and how far the
+// asynchronous reads of its past contents are known to be complete.
+struct WrittenBufferState {
+  int unfenced, unfenced_thread;
+  int reads_done;        // uses whose asynchronous reads are complete (a staging buffer)
+  int reads_done_epoch;  // the reader's barrier epoch when it found them complete
+};
+// The writers' side: the thread began writing and has not fenced. Counted once per thread.
+__device__ __forceinline__ void note_writes(WrittenBufferState& state, bool& writing) {
+  if (!writing) {
+    writing = true;
+    atomicAdd(&state.unfenced, 1);
+    atomicExch(&state.unfenced_thread, int(threadIdx.x));
+  }
+}
+__device__ __forceinline__ void note_fence(WrittenBufferState& state, bool& writing) {
+  if (writing) {
+    writing = false;
+    atomicSub(&state.unfenced, 1);
+  }
+}
+// Whoever hands the buffer to the asynchronous reader, after the writers' barrier: every writer
+// has fenced (the barrier orders their notes before this read).
+__device__ __forceinline__ void check_fenced(const WrittenBufferState& state, Buffer name, int slot,
+                                             int use) {
+  const volatile WrittenBufferState& seen = state;
+  check(seen.unfenced == 0, Rule::unfenced_async_read, name, slot, use, seen.unfenced_thread);
+}
+#endif
+
 // ---- Staging buffers ---------------------------------------------------------------------------------
 
 // One warpgroup's outgoing tile in shared memory (O, or v10's dQ): all its threads write it, one
-// of them sends it with the copy engine, asynchronously. Before the next writes, that thread
-// waits until the copy has read the buffer, and a barrier of the warpgroup tells the others.
+// of them sends it with the copy engine, asynchronously. Each use:
+//
+//   storing thread:  wait_read()       the last use's copy has read the buffer
+//   every writer:    sync()            ... which every writer now knows
+//                    begin_writes(), the stores, fence()
+//                    sync()            the writes are done and fenced
+//   storing thread:  the tma_store / bulk_reduce_add calls, commit()
+//
+// The checked build counts each thread's sync() calls (its epoch): a writer's begin_writes must
+// find the last use's reads completed by a wait_read at an epoch before its own, that is, before
+// a barrier it has since passed.
 class StagingBuffer {
  public:
   __device__ explicit StagingBuffer(int owner, Buffer name = Buffer::o_staging)
@@ -244,48 +333,172 @@ class StagingBuffer {
   // One thread, before the block's first barrier.
   __device__ void init() const {
 #if ATTN_CHECKED_PIPELINE
-    busy()[owner_] = 0;
+    states()[owner_] = {0, -1, 0, -1};
 #endif
   }
-  // Every writing thread, before it writes.
-  __device__ void check_writable() const {
+  // Every writer: the barrier of the owning warpgroup (its 128 threads).
+  __device__ void sync() {
+    named_barrier_sync(NamedBarrier::epilogue, owner_, 128);
 #if ATTN_CHECKED_PIPELINE
-    check(*static_cast<volatile uint32_t*>(&busy()[owner_]) == 0, Rule::staging_busy, name_,
-          owner_, 0);
+    ++epoch_;
 #endif
   }
-  // The storing thread, after its tma_store calls.
-  __device__ void commit() const {
+  // Every writer, before its first write of a use.
+  __device__ void begin_writes() {
+#if ATTN_CHECKED_PIPELINE
+    const volatile WrittenBufferState& seen = states()[owner_];
+    check(seen.reads_done >= uses_ && seen.reads_done_epoch < epoch_,
+          Rule::write_during_async_read, name_, owner_, uses_);
+    note_writes(states()[owner_], writing_);
+    ++uses_;
+#endif
+  }
+  // Every writer, after its last write of a use: its stores become visible to the copy engine.
+  __device__ void fence() {
+    fence_async_shared();
+#if ATTN_CHECKED_PIPELINE
+    note_fence(states()[owner_], writing_);
+#endif
+  }
+  // The storing thread, after its copies of the buffer (every writer has fenced).
+  __device__ void commit() {
+#if ATTN_CHECKED_PIPELINE
+    check_fenced(states()[owner_], name_, owner_, commits_);
+    ++commits_;
+#endif
     tma_store_commit();
-#if ATTN_CHECKED_PIPELINE
-    busy()[owner_] = 1;
-#endif
   }
-  // The storing thread: until the committed stores have read the buffer.
-  __device__ void wait_read() const {
+  // The storing thread: until the committed copies have read the buffer.
+  __device__ void wait_read() {
     tma_store_wait_read();
+    note_reads_done();
+  }
+  // The storing thread: until the committed copies are complete (shared memory must outlive them).
+  __device__ void wait() {
+    tma_store_wait();
+    note_reads_done();
+  }
+
+ private:
+  __device__ void note_reads_done() {
 #if ATTN_CHECKED_PIPELINE
-    busy()[owner_] = 0;
+    WrittenBufferState& state = states()[owner_];
+    state.reads_done = commits_;
+    state.reads_done_epoch = epoch_;
 #endif
   }
-  // The storing thread: until the committed stores are complete (shared memory must outlive them).
-  __device__ void wait() const {
-    tma_store_wait();
 #if ATTN_CHECKED_PIPELINE
-    busy()[owner_] = 0;
+  // A few bytes of static shared memory beside the step's own (the checked build's only).
+  __device__ static WrittenBufferState* states() {
+    __shared__ WrittenBufferState buffers[4];
+    return buffers;
+  }
+  int epoch_ = 0, uses_ = 0, commits_ = 0;
+  bool writing_ = false;
+#endif
+  int owner_;
+  Buffer name_;
+};
+
+// ---- Operands that threads write and wgmma reads -------------------------------------------------
+
+// kSlots shared-memory tiles used in turn (use u in slot u % kSlots), each written by the threads
+// of kReaders warpgroups and read by the wgmma of all of them (v10's dS^T: each consumer writes
+// its 64 keys' rows, both read all 128). Each use:
+//
+//   every writer:  begin_writes(use), the stores, fence()
+//                  publish()           a barrier of all kReaders warpgroups: written and fenced
+//   every reader:  read(use, groups)   before the wgmma that reads it
+//                  release(use, groups) once that wgmma group has been waited for
+//
+// The checked build: begin_writes(use) must find the slot's last use, use - kSlots, released by
+// every reader at an epoch (count of publish() calls) before the writer's own, so a publish()
+// lies between each reader's wait and this write.
+template <int kSlots, int kReaders>
+class ThreadOperand {
+  static_assert(kSlots >= 1 && kSlots <= 4 && kReaders >= 1 && kReaders <= 2, "tracked sizes");
+
+ public:
+  // `reader`: this warpgroup's index among the readers.
+  __device__ ThreadOperand(Buffer name, int reader) : name_(name), reader_(reader) {
+    (void)name_, (void)reader_;
+  }
+  __device__ static int slot(int use) { return use % kSlots; }
+
+  // One thread, before the block's first barrier.
+  __device__ static void init() {
+#if ATTN_CHECKED_PIPELINE
+    for (int s = 0; s < kSlots; ++s) {
+      writes()[s] = {0, -1, 0, -1};
+      for (int r = 0; r < kReaders; ++r) releases()[s][r] = {-1, -1};
+    }
+#endif
+  }
+  __device__ void begin_writes(int use) {
+#if ATTN_CHECKED_PIPELINE
+    if (use >= kSlots) {
+      for (int r = 0; r < kReaders; ++r) {
+        const volatile Release& seen = releases()[slot(use)][r];
+        check(seen.use >= use - kSlots && seen.epoch < epoch_, Rule::write_during_async_read,
+              name_, slot(use), use);
+      }
+    }
+    note_writes(writes()[slot(use)], writing_);
+#else
+    (void)use;
+#endif
+  }
+  __device__ void fence(int use) {
+    fence_async_shared();
+#if ATTN_CHECKED_PIPELINE
+    note_fence(writes()[slot(use)], writing_);
+#else
+    (void)use;
+#endif
+  }
+  // Every thread of the kReaders warpgroups.
+  __device__ void publish() {
+    named_barrier_sync(NamedBarrier::ds_ready, 0, 128 * kReaders);
+#if ATTN_CHECKED_PIPELINE
+    ++epoch_;
+#endif
+  }
+  // The slot the wgmma group issued next reads.
+  __device__ int read(int use, WgmmaGroups& groups) const {
+#if ATTN_CHECKED_PIPELINE
+    check_fenced(writes()[slot(use)], name_, slot(use), use);
+#endif
+    groups.reads(name_, slot(use));
+    return slot(use);
+  }
+  // This warpgroup's wgmma reads of the use are complete (waited for).
+  __device__ void release(int use, const WgmmaGroups& groups) const {
+#if ATTN_CHECKED_PIPELINE
+    check(!groups.reading(name_, slot(use)), Rule::release_before_wgmma, name_, slot(use), use);
+    if (threadIdx.x % 128 == 0) releases()[slot(use)][reader_] = {use, epoch_};
+#else
+    (void)use, (void)groups;
 #endif
   }
 
  private:
 #if ATTN_CHECKED_PIPELINE
-  // A few bytes of static shared memory beside the step's own (the checked build's only).
-  __device__ static uint32_t* busy() {
-    __shared__ uint32_t flags[4];
-    return flags;
+  struct Release {
+    int use, epoch;
+  };
+  __device__ static WrittenBufferState* writes() {
+    __shared__ WrittenBufferState slots[kSlots];
+    return slots;
   }
+  __device__ static Release (*releases())[kReaders] {
+    __shared__ Release slots[kSlots][kReaders];
+    return slots;
+  }
+  int epoch_ = 0;
+  bool writing_ = false;
 #endif
-  int owner_;
   Buffer name_;
+  int reader_;
 };
 
 }  // namespace hopper

@@ -52,6 +52,7 @@ struct Tiles {
   static constexpr int kBlockN = 64 * kConsumers;          // keys per block: its K/V tile
   static constexpr int kBlockM = kBlockM_;                 // query rows per Q tile: 64 or 128
   static constexpr int kStages = kStages_;                 // Q (and dO) tiles in flight
+  static constexpr int kDsBuffers = 2;  // dS^T: a consumer writes the next one while the other reads
   static constexpr hopper::Swizzle kSwizzle = hopper::Swizzle::bytes128;
   static constexpr int kSwizzleColumns = hopper::row_columns(kSwizzle);
   static constexpr int kColumnBlocks = kHeadDim / kSwizzleColumns;
@@ -81,15 +82,14 @@ struct Tiles {
                 "tiles keep 1024-byte alignment");
 };
 
-// Every tile a multiple of 1024 bytes, so each keeps the swizzle's alignment. dS^T has two
-// buffers: a consumer writes the next Q tile's while the other may still read this one's.
+// Every tile a multiple of 1024 bytes, so each keeps the swizzle's alignment.
 template <typename T, typename Element>
 struct SharedStorage {
   Element k[T::kBlockN * T::kHeadDim];  // [column block][kBlockN][64]
   Element v[T::kBlockN * T::kHeadDim];
   Element q[T::kStages][T::kBlockM * T::kHeadDim];    // [column block][kBlockM][64]
   Element d_o[T::kStages][T::kBlockM * T::kHeadDim];
-  Element ds[2][T::kBlockN * T::kBlockM];             // dS^T: [kBlockN keys][kBlockM queries]
+  Element ds[T::kDsBuffers][T::kBlockN * T::kBlockM];  // dS^T: [kBlockN keys][kBlockM queries]
   float dq[T::kConsumers][64 * T::kDqColumns];        // thread order (dq_sum_offset)
   float lse[T::kStages][T::kBlockM];                  // L log2(e) of the Q tile's rows
   float dot[T::kStages][T::kBlockM];                  // D of the same rows
@@ -180,7 +180,10 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   const int slice = blockIdx.x / key_tiles;
   const int head = slice % heads, batch = slice / heads;
   const int key0 = key_tile * kBlockN;
-  const hopper::StagingBuffer dq_staging(warp_group - 1, Buffer::dq_staging);
+  hopper::StagingBuffer dq_staging(warp_group - 1, Buffer::dq_staging);
+  // dS^T, written by both consumers (64 keys each), read by both for dQ.
+  using DsOperand = hopper::ThreadOperand<T::kDsBuffers, T::kConsumers>;
+  DsOperand ds(Buffer::ds, warp_group - 1);
 
   // The Q tiles in the order this block visits them. As in v9, each block of a slice starts at
   // its own Q tile, so that they do not all add into the same rows of dQ at once; in the
@@ -196,6 +199,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     q_ring.init(kConsumerThreads<T>);
     d_o_ring.init(kConsumerThreads<T>);
     for (int c = 0; c < T::kConsumers; ++c) hopper::StagingBuffer(c, Buffer::dq_staging).init();
+    DsOperand::init();
     hopper::fence_barrier_init();
   }
   __syncthreads();
@@ -252,9 +256,16 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   const Element* my_dq_keys = smem.k + (dq_column0 / kSwizzleColumns) * kBlockN * kSwizzleColumns +
                               dq_column0 % kSwizzleColumns;
 
-  // Keys past N need no mask: their K and V rows are TMA's zeros, so their dS meets a zero K row
-  // in dQ, and their dK and dV rows are never written. Query rows past N likewise: zero Q and dO
+  // Keys past N (the last K/V tile's tail) are TMA's zero rows, so their score is 0 and P =
+  // exp(-L), which overflows fp16 where a row's scores all lie far below 0, and inf times their
+  // zero K row is NaN in dQ: as in v9, their P and dS are set to 0. This thread's keys are rows
+  // warp * 16 + lane / 4 (+ 8) of its consumer's 64. Query rows past N need nothing: zero Q and dO
   // rows, L and D padded with 0, give them dS = 0.
+  const bool keys_past_n = key0 + kBlockN > tokens;
+  bool key_inside[2];
+  for (int half = 0; half < 2; ++half) {
+    key_inside[half] = key0 + consumer * 64 + warp * 16 + lane / 4 + 8 * half < tokens;
+  }
   float dv_acc[kHeadDim / 2] = {};
   float dk_acc[kHeadDim / 2] = {};
   kv_ring.wait_full(0);
@@ -306,6 +317,13 @@ __global__ void __launch_bounds__(T::kThreads, 1)
         dp_acc[4 * i + e] = s_acc[4 * i + e] * (dp_acc[4 * i + e] - (e % 2 ? row_dots.y : row_dots.x));
       }
     }
+    if (keys_past_n) {
+      for (int i = 0; i < kBlockM / 8; ++i) {
+        for (int e = 0; e < 4; ++e) {
+          if (!key_inside[e / 2]) s_acc[4 * i + e] = dp_acc[4 * i + e] = 0.0f;
+        }
+      }
+    }
 
     // P^T and dS^T in fp16 (or bf16) as wgmma's A operand, 16 queries a k-step (v8's packing),
     // and dS^T into shared memory for dQ: pair 2p + h of a step is 8-column block 2s + p / 2,
@@ -317,7 +335,8 @@ __global__ void __launch_bounds__(T::kThreads, 1)
         ds_fragments[s][pair] = hopper::pack_pair<Element>(dp_acc[8 * s + 2 * pair], dp_acc[8 * s + 2 * pair + 1]);
       }
     }
-    unsigned char* ds_bytes = reinterpret_cast<unsigned char*>(smem.ds[step % 2]);
+    ds.begin_writes(step);
+    unsigned char* ds_bytes = reinterpret_cast<unsigned char*>(smem.ds[ds.slot(step)]);
     for (int s = 0; s < T::kRowSteps; ++s) {
       for (int pair = 0; pair < 4; ++pair) {
         const int key = consumer * 64 + warp * 16 + lane / 4 + 8 * (pair % 2);
@@ -326,7 +345,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
             ds_fragments[s][pair];
       }
     }
-    hopper::fence_async_shared();  // read next by wgmma, the other consumer's too
+    ds.fence(step);  // read next by wgmma, the other consumer's too
 
     // Three groups, oldest first: dV += P^T dO; dQ = dS K; dK += dS^T Q. dQ leaves while dK runs.
     // dV and dK: A from registers, B with the queries as the k dimension.
@@ -347,11 +366,11 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     // dQ = dS K over the block's 128 keys, this consumer's share: both consumers' dS^T must be
     // written. A is dS^T read transposed (its rows are keys, the k dimension; its columns from
     // the share's first row), B is K likewise (from the share's first column).
-    hopper::named_barrier_sync(NamedBarrier::ds_ready, 0, 256);
+    ds.publish();
     float dq_acc[kDqColumns / 2];
     {
       const hopper::MNMajorOperand<kBlockN> scores_grad(
-          smem.ds[step % 2] + (T::dq_row0(consumer) / kSwizzleColumns) * kBlockN * kSwizzleColumns);
+          smem.ds[ds.read(step, groups)] + (T::dq_row0(consumer) / kSwizzleColumns) * kBlockN * kSwizzleColumns);
       const hopper::MNMajorOperand<kBlockN> keys(my_dq_keys);
       kv_ring.read(0, groups);
       for (int s = 0; s < T::kKeySteps; ++s) {
@@ -366,6 +385,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     groups.commit();
     groups.wait<1>();  // dV and dQ are done; dK may still run
     hopper::fence_registers(dq_acc);
+    ds.release(step, groups);
 
     // BEGIN EXERCISE: add this consumer's dQ of the Q tile into the fp32 sum in L2
     float* dq_share = dq_sum + dq_sum_offset<T>(slice, row_tiles, row_tile, consumer);
@@ -394,14 +414,14 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       // Stage (once the last reduce has read the buffer), then one thread hands it to the copy
       // engine.
       if (thread_in_group == 0) dq_staging.wait_read();
-      hopper::named_barrier_sync(NamedBarrier::epilogue, consumer, 128);
-      dq_staging.check_writable();
+      dq_staging.sync();
+      dq_staging.begin_writes();
       for (int j = 0; j < kDqColumns / 8; ++j) {
         reinterpret_cast<float4*>(smem.dq[consumer])[j * 128 + thread_in_group] =
             make_float4(dq_acc[4 * j], dq_acc[4 * j + 1], dq_acc[4 * j + 2], dq_acc[4 * j + 3]);
       }
-      hopper::fence_async_shared();
-      hopper::named_barrier_sync(NamedBarrier::epilogue, consumer, 128);
+      dq_staging.fence();
+      dq_staging.sync();
       if (thread_in_group == 0) {
         hopper::bulk_reduce_add(dq_share, smem.dq[consumer], T::kDqBytes);
         dq_staging.commit();
@@ -593,6 +613,17 @@ std::size_t shared_bytes_needed(const attn::Shape& shape) {
   return bytes;
 }
 
+// The tiles along N, for the tests (step.hpp): a Q tile and a consumer's 64 rows of its dQ; a
+// block's keys and a consumer's 64.
+attn::TileSizes tile_sizes(int head_dim) {
+  attn::TileSizes sizes;
+  with_tile_shape(head_dim, [&](auto tiles) {
+    using T = decltype(tiles);
+    sizes = {{T::kBlockM, 64}, {T::kBlockN, 64}};
+  });
+  return sizes;
+}
+
 }  // namespace
 
 ATTN_REGISTER_STEP(attn::StepInfo{ATTN_STEP_ID,
@@ -603,4 +634,5 @@ ATTN_REGISTER_STEP(attn::StepInfo{ATTN_STEP_ID,
                                   attn::StepKind::backward, /*takes_strides=*/false,
                                   hopper::kPipelineReport, /*writes_log_sum_exp=*/false,
                                   launch_hopper_backward, /*forward_step=*/"v8",
-                                  {attn::DType::fp16, attn::DType::bf16}})
+                                  {attn::DType::fp16, attn::DType::bf16}}
+                       .with_tiles(tile_sizes))

@@ -192,7 +192,11 @@ void launch_smem_tiling(const attn::AttentionArgs& args) {
   CUDA_CHECK_LAUNCH();
 }
 
+// The tiles along N, for the tests (step.hpp): a block's query rows, a staged K/V tile.
+attn::TileSizes tile_sizes(int) { return {{kQueryRows}, {kKeyTile}}; }
+
 }  // namespace
 
 ATTN_REGISTER_STEP(attn::StepInfo{ATTN_STEP_ID, "shared-memory tiling: 16 query rows per block",
-                                  {64}, 75, 0, shared_bytes_needed, launch_smem_tiling})
+                                  {64}, 75, 0, shared_bytes_needed, launch_smem_tiling}
+                       .with_tiles(tile_sizes))

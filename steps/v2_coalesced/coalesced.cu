@@ -201,7 +201,11 @@ void launch_coalesced(const attn::AttentionArgs& args) {
   CUDA_CHECK_LAUNCH();
 }
 
+// The tiles along N, for the tests (step.hpp): a block's query rows, a staged K/V tile.
+attn::TileSizes tile_sizes(int) { return {{kQueryRows}, {kKeyTile}}; }
+
 }  // namespace
 
 ATTN_REGISTER_STEP(attn::StepInfo{ATTN_STEP_ID, "coalesced: 16-byte loads of contiguous tiles",
-                                  {64}, 75, 0, shared_bytes_needed, launch_coalesced})
+                                  {64}, 75, 0, shared_bytes_needed, launch_coalesced}
+                       .with_tiles(tile_sizes))

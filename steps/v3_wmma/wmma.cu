@@ -247,7 +247,11 @@ void launch_wmma(const attn::AttentionArgs& args) {
   CUDA_CHECK_LAUNCH();
 }
 
+// The tiles along N, for the tests (step.hpp): a block's query rows, a staged K/V tile.
+attn::TileSizes tile_sizes(int) { return {{kQueryRows}, {kKeyTile}}; }
+
 }  // namespace
 
 ATTN_REGISTER_STEP(attn::StepInfo{ATTN_STEP_ID, "wmma: tensor-core fragments, one warp per block",
-                                  {64}, 75, 0, shared_bytes_needed, launch_wmma})
+                                  {64}, 75, 0, shared_bytes_needed, launch_wmma}
+                       .with_tiles(tile_sizes))

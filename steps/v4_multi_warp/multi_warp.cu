@@ -239,7 +239,11 @@ void launch_multi_warp(const attn::AttentionArgs& args) {
   CUDA_CHECK_LAUNCH();
 }
 
+// The tiles along N, for the tests (step.hpp): a block's query rows, a staged K/V tile.
+attn::TileSizes tile_sizes(int) { return {{kQueryRows}, {kKeyTile}}; }
+
 }  // namespace
 
 ATTN_REGISTER_STEP(attn::StepInfo{ATTN_STEP_ID, "multi-warp: 4 warps share the staged tiles",
-                                  {64}, 75, 0, shared_bytes_needed, launch_multi_warp})
+                                  {64}, 75, 0, shared_bytes_needed, launch_multi_warp}
+                       .with_tiles(tile_sizes))

@@ -281,7 +281,11 @@ void launch_large_tile(const attn::AttentionArgs& args) {
   CUDA_CHECK_LAUNCH();
 }
 
+// The tiles along N, for the tests (step.hpp): a block's query rows, a staged K/V tile.
+attn::TileSizes tile_sizes(int) { return {{kQueryRows}, {kKeyTile}}; }
+
 }  // namespace
 
 ATTN_REGISTER_STEP(attn::StepInfo{ATTN_STEP_ID, "large tile: 32 rows, 8 warps, padded smem rows",
-                                  {64}, 75, 0, shared_bytes_needed, launch_large_tile})
+                                  {64}, 75, 0, shared_bytes_needed, launch_large_tile}
+                       .with_tiles(tile_sizes))

@@ -59,6 +59,7 @@ struct Tiles {
   static constexpr int kThreads = 32 * kWarps;
   static constexpr int kWarpRows = 16 * kRowGroups;
   static constexpr int kBlockM = kWarpRows * kWarps;  // query rows per block
+  static constexpr int kKeysPerTile = kBlockN;        // keys per K/V tile
   static constexpr int kStride = kHeadDim + 8;  // shared row, padded 16 B: ldmatrix conflict-free
   static constexpr int kDChunks = kHeadDim / 16;  // k-steps of Q K^T
   static constexpr int kDTiles = kHeadDim / 8;    // n-tiles (8 columns) of O
@@ -379,6 +380,16 @@ std::size_t shared_bytes_needed(const attn::Shape& shape) {
   return bytes;
 }
 
+// The tiles along N, for the tests (step.hpp): a block's query rows and a warp's, a K/V tile.
+attn::TileSizes tile_sizes(int head_dim) {
+  attn::TileSizes sizes;
+  with_tile_shape(head_dim, [&](auto tiles) {
+    using T = decltype(tiles);
+    sizes = {{T::kBlockM, T::kWarpRows}, {T::kKeysPerTile}};
+  });
+  return sizes;
+}
+
 }  // namespace
 
 ATTN_REGISTER_STEP(attn::StepInfo{ATTN_STEP_ID,
@@ -389,4 +400,5 @@ ATTN_REGISTER_STEP(attn::StepInfo{ATTN_STEP_ID,
                                   /*writes_log_sum_exp=*/true, /*launch_backward=*/nullptr,
                                   /*forward_step=*/"",
                                   {attn::DType::fp16, attn::DType::bf16},
-                                  /*takes_kv_tokens=*/true, /*takes_key_padding_mask=*/true})
+                                  /*takes_kv_tokens=*/true, /*takes_key_padding_mask=*/true}
+                       .with_tiles(tile_sizes))

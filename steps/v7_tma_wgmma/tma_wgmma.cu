@@ -101,7 +101,7 @@ __global__ void __launch_bounds__(Tiles<kHeadDim>::kThreads, 1)
   const int head = slice % heads, batch = slice / heads;
   const int row0 = row_tile * T::kBlockM;
   const int kv_tiles = (tokens + T::kBlockN - 1) / T::kBlockN;
-  const hopper::StagingBuffer o_staging(warp_group);  // O leaves through its rows of the Q tile
+  hopper::StagingBuffer o_staging(warp_group);  // O leaves through its rows of the Q tile
 
   // One thread sets up the barriers and issues every copy; all threads wait on the barriers.
   const bool copier = threadIdx.x == 0;
@@ -237,7 +237,7 @@ __global__ void __launch_bounds__(Tiles<kHeadDim>::kThreads, 1)
       }
     }
   }
-  o_staging.check_writable();
+  o_staging.begin_writes();
   unsigned char* o_bytes = reinterpret_cast<unsigned char*>(smem.q);
   for (int d = 0; d < kHeadDim / 8; ++d) {
     for (int half = 0; half < 2; ++half) {
@@ -247,8 +247,8 @@ __global__ void __launch_bounds__(Tiles<kHeadDim>::kThreads, 1)
                             o_acc[4 * d + 2 * half + 1] * inverse[half]);
     }
   }
-  hopper::fence_async_shared();  // these ordinary stores are read next by the copy engine
-  hopper::named_barrier_sync(hopper::NamedBarrier::epilogue, warp_group, 128);
+  o_staging.fence();  // these ordinary stores are read next by the copy engine
+  o_staging.sync();
   if (threadIdx.x % 128 == 0) {
     for (int c = 0; c < T::kColumnBlocks; ++c) {
       hopper::tma_store(&o_map, smem.q + (c * T::kBlockM + warp_group * 64) * kSwizzleColumns,
@@ -302,10 +302,18 @@ std::size_t shared_bytes_needed(const attn::Shape& shape) {
   return bytes;
 }
 
+// The tiles along N, for the tests (step.hpp): a block's query rows and a warpgroup's, a K/V tile.
+attn::TileSizes tile_sizes(int head_dim) {
+  attn::TileSizes sizes;
+  with_head_dim(head_dim, [&](auto d) { sizes = {{Tiles<d()>::kBlockM, 64}, {Tiles<d()>::kBlockN}}; });
+  return sizes;
+}
+
 }  // namespace
 
 ATTN_REGISTER_STEP(attn::StepInfo{ATTN_STEP_ID,
                                   "TMA + wgmma: the copy engine and asynchronous tensor cores",
                                   {64, 128}, 90, 90, shared_bytes_needed, launch_tma_wgmma,
                                   nullptr, attn::StepKind::step, /*takes_strides=*/true,
-                                  hopper::kPipelineReport, /*writes_log_sum_exp=*/true})
+                                  hopper::kPipelineReport, /*writes_log_sum_exp=*/true}
+                       .with_tiles(tile_sizes))

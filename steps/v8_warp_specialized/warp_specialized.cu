@@ -154,7 +154,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   const int warp_group = threadIdx.x / 128;
   const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
   const int kv_tiles = (kv_tokens + kBlockN - 1) / kBlockN;  // N_k keys: N but in cross-attention
-  const hopper::StagingBuffer o_staging(warp_group - 1);  // the consumers' (c = warp_group - 1)
+  hopper::StagingBuffer o_staging(warp_group - 1);  // the consumers' (c = warp_group - 1)
 
   if (threadIdx.x == 0) {
     q_ring.init(kConsumerWarps<T>);
@@ -214,9 +214,8 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   hopper::WgmmaGroups groups;
   // Ping-pong: wait for my turn to issue GEMMs, then hand the turn to the other consumer.
   // Consumer 0 goes first: consumer 1 hands it the first turn.
-  auto wait_for_turn = [&] { hopper::named_barrier_sync(NamedBarrier::turn, consumer, 256); };
-  auto pass_turn = [&] { hopper::named_barrier_arrive(NamedBarrier::turn, 1 - consumer, 256); };
-  if (consumer == 1) pass_turn();
+  hopper::PingPong turns(consumer);
+  if (consumer == 1) turns.hand_over_first_turn();
 
   int kv_use = 0;
   for (int index = blockIdx.x, q_use = 0; index < work_tiles; index += gridDim.x, ++q_use) {
@@ -233,8 +232,8 @@ __global__ void __launch_bounds__(T::kThreads, 1)
         v_ring.wait_full(kv_use + i);
         v_ring.release(kv_use + i, lane, groups);
         if (i > 0) {
-          wait_for_turn();
-          pass_turn();
+          turns.wait_for_turn();
+          turns.pass_turn();
         }
       }
       kv_use += kv_tiles;
@@ -398,10 +397,10 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     for (int i = 1; i < kv_tiles; ++i) {
       k_ring.wait_full(kv_use + i);
       v_ring.wait_full(kv_use + i - 1);
-      wait_for_turn();
+      turns.wait_for_turn();
       issue_scores(kv_use + i);
       issue_output(kv_use + i - 1);
-      pass_turn();
+      turns.pass_turn();
       groups.wait<1>();  // S is ready; P V may still run
       hopper::fence_registers(s_acc);
       k_ring.release(kv_use + i, lane, groups);
@@ -446,8 +445,8 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       }
     }
     if (thread_in_group == 0) o_staging.wait_read();
-    hopper::named_barrier_sync(NamedBarrier::epilogue, consumer, 128);
-    o_staging.check_writable();
+    o_staging.sync();
+    o_staging.begin_writes();
     unsigned char* o_bytes = reinterpret_cast<unsigned char*>(smem.o);
     for (int d = 0; d < kTileColumns / 8; ++d) {
       for (int half = 0; half < 2; ++half) {
@@ -457,8 +456,8 @@ __global__ void __launch_bounds__(T::kThreads, 1)
                                        o_acc[4 * d + 2 * half + 1] * inverse[half]);
       }
     }
-    hopper::fence_async_shared();  // these ordinary stores are read next by the copy engine
-    hopper::named_barrier_sync(NamedBarrier::epilogue, consumer, 128);
+    o_staging.fence();  // these ordinary stores are read next by the copy engine
+    o_staging.sync();
     if (thread_in_group == 0) {
       for (int c = 0; c < T::kColumnBlocks; ++c) {
         hopper::tma_store(&o_map, smem.o + (c * T::kBlockM + consumer * 64) * kSwizzleColumns,
@@ -467,7 +466,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       o_staging.commit();
     }
   }
-  if (consumer == 0) wait_for_turn();  // the turn consumer 1 passed last: every arrival is met
+  if (consumer == 0) turns.wait_for_turn();  // the turn consumer 1 passed last: every arrival is met
   if (thread_in_group == 0) o_staging.wait();  // shared memory must outlive the stores
 }
 
@@ -553,6 +552,17 @@ std::size_t shared_bytes_needed(const attn::Shape& shape) {
   return bytes;
 }
 
+// The tiles along N, for the tests (step.hpp): a work tile's query rows and a consumer's, a K/V
+// tile.
+attn::TileSizes tile_sizes(int head_dim) {
+  attn::TileSizes sizes;
+  with_tile_shape(head_dim, [&](auto tiles) {
+    using T = decltype(tiles);
+    sizes = {{T::kBlockM, 64}, {T::kBlockN}};
+  });
+  return sizes;
+}
+
 }  // namespace
 
 ATTN_REGISTER_STEP(attn::StepInfo{ATTN_STEP_ID,
@@ -563,4 +573,5 @@ ATTN_REGISTER_STEP(attn::StepInfo{ATTN_STEP_ID,
                                   hopper::kPipelineReport, /*writes_log_sum_exp=*/true,
                                   /*launch_backward=*/nullptr, /*forward_step=*/"",
                                   {attn::DType::fp16, attn::DType::bf16},
-                                  /*takes_kv_tokens=*/true, /*takes_key_padding_mask=*/true})
+                                  /*takes_kv_tokens=*/true, /*takes_key_padding_mask=*/true}
+                       .with_tiles(tile_sizes))

@@ -190,12 +190,15 @@ __global__ void __launch_bounds__(Tiles<kHeadDim, kWarps>::kThreads)
   load_row_tile(row_tile_at(0), 0);
   cp_async_commit();
 
-  // This warp's 16 keys: the rows of dK and dV it owns. Keys past N (the last tile's tail) need
-  // no mask: their K and V rows were loaded as zeros, so their dS meets a zero K row in dQ = dS K,
-  // and their own dK and dV rows are never written. Query rows past N likewise: zero Q and dO
-  // rows give them dP = 0 and add nothing to dK or dV.
+  // This warp's 16 keys: the rows of dK and dV it owns. Keys past N (the last tile's tail) are
+  // zero rows of K and V, so their score is 0 and P = exp(-L): 1e13 for a row whose scores all lie
+  // far below 0 (L = -30), which overflows fp16 on the way to dQ = dS K, and inf times their zero
+  // K row is NaN in every dQ of the row. Their P and dS are set to 0 (the last tile only). Query
+  // rows past N need nothing: zero Q and dO rows, with L and D read as 0, give P = 1 and dP = 0, so
+  // dS = 0, and they add nothing to dK or dV.
   const int warp_key0 = warp * 16;
   const bool key_inside[2] = {key0 + warp_key0 + group < tokens, key0 + warp_key0 + group + 8 < tokens};
+  const bool keys_past_n = key0 + T::kBlockN > tokens;
   float dk_acc[T::kDTiles][4] = {};
   float dv_acc[T::kDTiles][4] = {};
 
@@ -238,6 +241,13 @@ __global__ void __launch_bounds__(Tiles<kHeadDim, kWarps>::kThreads)
         const float p = fast_exp2(fmaf(s_acc[n][e], scale_log2, -lse[column] * kLog2e));
         s_acc[n][e] = p;
         dp_acc[n][e] = p * (dp_acc[n][e] - dot[column]);
+      }
+    }
+    if (keys_past_n) {
+      for (int n = 0; n < T::kRowTiles; ++n) {
+        for (int e = 0; e < 4; ++e) {
+          if (!key_inside[e / 2]) s_acc[n][e] = dp_acc[n][e] = 0.0f;
+        }
       }
     }
 
@@ -424,11 +434,19 @@ __global__ void __launch_bounds__(DqTiles<kHeadDim>::kThreads)
         mma_16x8x16<Element>(dp_acc[2 * pair + 1], d_o_fragments[c], v_fragment[2], v_fragment[3]);
       }
     }
-    // dS = P o (dP - D), row `group + 8 (e / 2)`; keys past N meet zero K rows below.
+    // dS = P o (dP - D), row `group + 8 (e / 2)`, key `8 n + 2 quad_lane + e % 2` of the tile;
+    // 0 for keys past N (the last tile only), as in the main kernel.
     for (int n = 0; n < T::kKeyTiles; ++n) {
       for (int e = 0; e < 4; ++e) {
         const float p = fast_exp2(fmaf(s_acc[n][e], scale_log2, -lse_log2[e / 2]));
         dp_acc[n][e] = p * (dp_acc[n][e] - dot[e / 2]);
+      }
+    }
+    if ((tile + 1) * T::kBlockN > tokens) {
+      for (int n = 0; n < T::kKeyTiles; ++n) {
+        for (int e = 0; e < 4; ++e) {
+          if (tile * T::kBlockN + 8 * n + 2 * quad_lane + e % 2 >= tokens) dp_acc[n][e] = 0.0f;
+        }
       }
     }
     // dQ += dS K: dS packed from the accumulators (the keys as the k dimension), K transposed.
@@ -564,6 +582,18 @@ std::size_t shared_bytes_needed(const attn::Shape& shape) {
   return bytes;
 }
 
+// The tiles along N, for the tests (step.hpp): the Q tiles of the walk and of the deterministic
+// dQ pass; a block's keys, a warp's 16, the dQ pass's K/V tile.
+attn::TileSizes tile_sizes(int head_dim) {
+  attn::TileSizes sizes;
+  with_tile_shape(head_dim, [&](auto tiles) {
+    using T = decltype(tiles);
+    using D = DqTiles<T::kHeadDim>;
+    sizes = {{T::kBlockM, D::kBlockM}, {T::kBlockN, 16, D::kBlockN}};
+  });
+  return sizes;
+}
+
 }  // namespace
 
 ATTN_REGISTER_STEP(attn::StepInfo{ATTN_STEP_ID,
@@ -574,4 +604,5 @@ ATTN_REGISTER_STEP(attn::StepInfo{ATTN_STEP_ID,
                                   attn::StepKind::backward, /*takes_strides=*/false,
                                   /*pipeline_report=*/nullptr, /*writes_log_sum_exp=*/false,
                                   launch_flash_backward, /*forward_step=*/"v6",
-                                  {attn::DType::fp16, attn::DType::bf16}})
+                                  {attn::DType::fp16, attn::DType::bf16}}
+                       .with_tiles(tile_sizes))
