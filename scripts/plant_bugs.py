@@ -55,6 +55,7 @@ V0, V6, V7, V8, V9 = "v0_naive", "v6_flash", "v7_tma_wgmma", "v8_warp_specialize
 V10 = "v10_hopper_backward"
 KEY_MASK_TEST = "key mask*"  # tests/test_steps_gpu.cpp: real scores strongly negative
 TILE_MULTIPLES_TEST = "tile multiples*"  # N = k x tile and k x tile +- 1 of the step's own tiles
+LARGE_SCORES_TEST = "large scores*"  # scores at std 16 over a few keys and at tile edges
 BUGS = [
     # The arithmetic of the online softmax: the result check catches these.
     Bug("v6nomask", V6, "keys past N keep their scores", [("if (tile_keys < kBlockN) {", "if (false) {", 1)]),
@@ -114,6 +115,12 @@ BUGS = [
     Bug("v10nodkscale", V10, "dK without the softmax's scale (dS^T Q, not scale dS^T Q)",
         [("pack_pair<Element>(dk_acc[4 * d + 2 * half] * scale, dk_acc[4 * d + 2 * half + 1] * scale)",
           "pack_pair<Element>(dk_acc[4 * d + 2 * half], dk_acc[4 * d + 2 * half + 1])", 1)]),
+    # Keys past N in the backward's last K/V tile (zero K rows, score 0) keep P = exp(-L): where a
+    # few keys all score far below 0, that overflows fp16 and dQ = dS K turns NaN.
+    Bug("v9nokeymask", V9, "keys past N keep P = exp(-L) in the backward",
+        [("    if (keys_past_n) {", "    if (false) {", 1)], target=LARGE_SCORES_TEST),
+    Bug("v10nokeymask", V10, "keys past N keep P = exp(-L) in the backward",
+        [("    if (keys_past_n) {", "    if (false) {", 1)], target=LARGE_SCORES_TEST),
     # bf16: the element type mixed up in one place, which the fp16 suite cannot see.
     Bug("v6bf16pashalf", V6, "P packed as fp16 pairs in the bf16 kernel (the wrong type for the MMA)",
         [("p_fragments[g][0] = pack_pair<Element>(", "p_fragments[g][0] = pack_pair<__half>(", 1)]),
