@@ -72,15 +72,16 @@ SliceGradients attention_backward(const std::vector<double>& q_values,
     const RowMatrix sigma = scale * abs_q_rows * abs_k.transpose();
     const Eigen::VectorXd sigma_max = sigma.rowwise().maxCoeff();
     const RowMatrix rho = (d * r.fp32) * (sigma.colwise() + sigma_max);
-    const RowMatrix w = ((p.array() * (rho.array() + r.u + n * r.fp32)) + r.tau).matrix();
+    const RowMatrix p_error = ((p.array() * (rho.array() + r.u)) + r.tau).matrix();
+    const RowMatrix w = (p_error.array() + (n * r.fp32) * p.array()).matrix();
     const RowMatrix o_error = ((w * abs_v).array() + r.u * o.cwiseAbs().array() + r.tau).matrix();
     const Eigen::VectorXd d_error =
         (abs_d_o_rows.array() * o_error.array()).rowwise().sum() +
         (d * r.fp32) * (abs_d_o_rows.array() * o.cwiseAbs().array()).rowwise().sum();
     const RowMatrix d_p_error = (d * r.fp32) * abs_d_o_rows * abs_v.transpose();
     const RowMatrix d_s_error =
-        ((p.array() * ((rho.array() * d_p_minus_d.cwiseAbs().array() + d_p_error.array()).colwise() +
-                       d_error.array())) +
+        (p_error.array() * d_p_minus_d.cwiseAbs().array() +
+         p.array() * (d_p_error.colwise() + d_error).array() +
          (r.u + n * r.fp32) * d_s.cwiseAbs().array() + r.tau)
             .matrix();
     Eigen::Map<RowMatrix>(result.dq_bound.data() + begin * head_dim, rows, head_dim) =

@@ -43,11 +43,13 @@ Rounding rounding_of(DType dtype);
 //   sigma_ij = s |q_i| . |k_j|                  the size of score ij's terms
 //   rho_ij   = D fp32 (sigma_ij + max_l sigma_il)   P's relative error: the score's fp32 sum
 //                                                and L's (the forward sums the same scores)
-//   w_ij     = P_ij (rho_ij + u + N fp32) + tau  the error of P_ij rounded to 16 bits, per unit
-//                                                of what it multiplies in a sum of N terms
+//   P_err    = P o (rho + u) + tau               P rounded to 16 bits
+//   w        = P_err + N fp32 P                  ... per unit of what it multiplies in a sum of N
 //   O_err    = w |V| + u |O| + tau               the forward's O: P rounded, O stored
 //   D_err_i  = |dO_i| . O_err_i + D fp32 |dO_i| . |O_i|
-//   dS_err   = P o (rho o |dP - D| + D fp32 |dO| |V|^T + D_err) + u |dS| + tau + N fp32 |dS|
+//   dS_err   = P_err o |dP - D| + P o (D fp32 |dO| |V|^T + D_err) + (u + N fp32) |dS| + tau
+//              (P_err in the first term: a flash kernel forms dS from its fp32 P, an eager one
+//              from the 16-bit P it stored; the bound serves both)
 //   dq_bound = s dS_err |K| + u |dQ| + stored_tau
 //   dk_bound = s dS_err^T |Q| + u |dK| + stored_tau
 //   dv_bound = w^T |dO| + u |dV| + stored_tau

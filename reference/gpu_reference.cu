@@ -167,11 +167,11 @@ __global__ void reference_backward_rows_fp64(const Element* q, const Element* k,
   double row_dot = 0.0;
   for (int key = lane; key < tokens; key += kWarpSize) row_dot += exp(score(key) - log_sum_exp) * d_p(key);
   row_dot = warp_sum(row_dot);
-  // P's relative error for key j, and the error of P rounded to 16 bits per unit it multiplies.
+  // P's relative error for key j; P's error rounded to 16 bits; that per unit it multiplies in a
+  // sum of N terms.
   auto rho = [&](int key) { return error.head_dim * error.fp32 * (sigma(key) + sigma_max); };
-  auto rounded_p_error = [&](int key, double p) {
-    return p * (rho(key) + error.u + error.tokens * error.fp32) + error.tau;
-  };
+  auto p_error = [&](int key, double p) { return p * (rho(key) + error.u) + error.tau; };
+  auto rounded_p_error = [&](int key, double p) { return p_error(key, p) + error.tokens * error.fp32 * p; };
 
   // O_i and its bound (the forward's rounding), then D_i's bound.
   double o_acc[kColumnsPerLane] = {}, o_error[kColumnsPerLane] = {};
@@ -212,7 +212,7 @@ __global__ void reference_backward_rows_fp64(const Element* q, const Element* k,
       d_s = p * d_p_minus_d;
       const double d_p_error = error.head_dim * error.fp32 *
                                abs_dot_with(d_o_row, v_slice + int64_t(key) * head_dim, head_dim);
-      d_s_error = p * (rho(key) * fabs(d_p_minus_d) + d_p_error + row_dot_error) +
+      d_s_error = p_error(key, p) * fabs(d_p_minus_d) + p * (d_p_error + row_dot_error) +
                   (error.u + error.tokens * error.fp32) * fabs(d_s) + error.tau;
     }
     const int chunk_keys = min(kWarpSize, tokens - chunk);
@@ -274,9 +274,10 @@ __global__ void reference_backward_keys_fp64(const Element* q, const Element* k,
       const double d_p_minus_d = dot_with(v_row, d_o_row, head_dim) - stats.row_dot;
       d_s = p * d_p_minus_d;
       const double rho = error.head_dim * error.fp32 * (scale * abs_dot_with(k_row, q_row, head_dim) + stats.sigma_max);
-      w = p * (rho + error.u + error.tokens * error.fp32) + error.tau;
+      const double p_error = p * (rho + error.u) + error.tau;
+      w = p_error + error.tokens * error.fp32 * p;
       const double d_p_error = error.head_dim * error.fp32 * abs_dot_with(v_row, d_o_row, head_dim);
-      d_s_error = p * (rho * fabs(d_p_minus_d) + d_p_error + stats.row_dot_error) +
+      d_s_error = p_error * fabs(d_p_minus_d) + p * (d_p_error + stats.row_dot_error) +
                   (error.u + error.tokens * error.fp32) * fabs(d_s) + error.tau;
     }
     const int chunk_rows = min(kWarpSize, tokens - chunk);

@@ -57,6 +57,7 @@
 #   PLANTED_DIR          where scripts/plant_bugs.py --build-only wrote its binaries (default:
 #                        stage/planted)
 #   PLANTED_ONLY         the planted bugs to run, as plant_bugs.py --only takes them (default: all)
+#   PLANTED_JOBS         planted copies' suites run at once (default 4)
 #   LSE_STEPS            the steps the lse stage times (default: v6,v7,v8, those that write L)
 #   LSE_WINDOWS          its alternating windows (default 2)
 #   STAGES               default: info tests checked planted sanitizer bench lse profile pytorch torch backward training models vit
@@ -105,6 +106,7 @@ CHECKED_BUILD_DIR=${CHECKED_BUILD_DIR:-build-checked}
 CHECKED_STEPS=${CHECKED_STEPS:-v7 v8 v10}
 PLANTED_DIR=${PLANTED_DIR:-stage/planted}
 PLANTED_ONLY=${PLANTED_ONLY:-}
+PLANTED_JOBS=${PLANTED_JOBS:-4}
 LSE_STEPS=${LSE_STEPS:-v6,v7,v8}
 LSE_WINDOWS=${LSE_WINDOWS:-2}
 PYTHON=${PYTHON:-python3}
@@ -121,7 +123,7 @@ for stage in "${stages[@]}"; do
     *) echo "gpu-check.sh: STAGES: unknown stage '$stage' (stages: ${all_stages[*]})" >&2; exit 2 ;;
   esac
 done
-for variable in SANITIZER_JOBS LONG_SHAPE_BUDGET_S TEST_JOBS TIME_LIMIT_S LSE_WINDOWS; do
+for variable in SANITIZER_JOBS LONG_SHAPE_BUDGET_S TEST_JOBS TIME_LIMIT_S LSE_WINDOWS PLANTED_JOBS; do
   [[ "${!variable}" =~ ^[1-9][0-9]*$ ]] ||
     { echo "gpu-check.sh: $variable must be a positive integer, not '${!variable}'" >&2; exit 2; }
 done
@@ -337,7 +339,8 @@ stage_planted() {
   local rc=0
   local only=()
   [ -n "$PLANTED_ONLY" ] && only=(--only "$PLANTED_ONLY")
-  timeout "$(limit 420)" "$PYTHON" scripts/plant_bugs.py --run-only --out "$PLANTED_DIR" "${only[@]}" || rc=$?
+  timeout "$(limit 420)" "$PYTHON" scripts/plant_bugs.py --run-only --out "$PLANTED_DIR" \
+    --jobs "$PLANTED_JOBS" "${only[@]}" || rc=$?
   cp "$PLANTED_DIR/planted.csv" "$PLANTED_DIR/planted.txt" "$OUTDIR/" 2>/dev/null || true
   mkdir -p "$OUTDIR/planted_logs"
   cp "$PLANTED_DIR"/logs/*.log "$OUTDIR/planted_logs/" 2>/dev/null || true

@@ -37,12 +37,14 @@ struct Fixture {
 // What a correct flash backward computes, on the CPU: scores summed and exponentiated in fp32,
 // the forward's P rounded to the 16-bit type before P V and O stored in it, L in fp32, P rebuilt
 // from L, D = dO . O from that 16-bit O, P and dS rounded to the 16-bit type for their products,
-// the gradients stored in it. `with_d_term` false drops D from dS (a bug the check must catch).
+// the gradients stored in it. `eager`: dS from the 16-bit P instead of the fp32 one, as an eager
+// backward forms it from the P it stored. `with_d_term` false drops D from dS (a bug the check
+// must catch).
 struct SimulatedGradients {
   std::vector<__half> dq, dk, dv;
 };
-SimulatedGradients simulated_flash_backward(const attn::HostTensors& inputs,
-                                            const std::vector<__half>& d_o, bool with_d_term = true) {
+SimulatedGradients simulated_backward(const attn::HostTensors& inputs, const std::vector<__half>& d_o,
+                                      bool eager = false, bool with_d_term = true) {
   const Shape& shape = inputs.shape;
   const int64_t n = shape.tokens, d = shape.head_dim;
   const float scale = float(1.0 / std::sqrt(double(d)));
@@ -83,7 +85,8 @@ SimulatedGradients simulated_flash_backward(const attn::HostTensors& inputs,
         for (int64_t c = 0; c < d; ++c) d_p += value(d_o, base + i * d + c) * value(inputs.v, base + j * d + c);
         const float p_ij = std::exp(s[std::size_t(i * n + j)] - lse[std::size_t(i)]);
         p[std::size_t(i * n + j)] = rounded(p_ij);
-        d_s[std::size_t(i * n + j)] = rounded(p_ij * (float(d_p) - row_dot[std::size_t(i)]));
+        const float p_for_d_s = eager ? float(p[std::size_t(i * n + j)]) : p_ij;
+        d_s[std::size_t(i * n + j)] = rounded(p_for_d_s * (float(d_p) - row_dot[std::size_t(i)]));
       }
     }
     for (int64_t a = 0; a < n; ++a) {
@@ -289,25 +292,29 @@ TEST_SUITE("check") {
     CHECK(nan.nonfinite == 1);
   }
 
-  TEST_CASE("gradients: a simulated correct kernel passes at large scores and few keys; no D term fails") {
+  TEST_CASE("gradients: simulated correct kernels pass at large scores and few keys; no D term fails") {
     // Scores with a standard deviation of 16 at N <= 5 saturate the softmax: dQ and dK are then
     // differences of rounded terms, thousands of u off relative to their own size for a correct
     // kernel (a relative tolerance fails it), yet within each element's bound.
     for (attn::DType dtype : {attn::DType::fp16, attn::DType::bf16}) {
       for (int64_t tokens : {1, 2, 3, 5, 17, 65}) {
         for (double qk_scale : {1.0, attn::kLargeScoreScale, attn::kStressScale}) {
-          const Shape shape{1, 3, tokens, 64, dtype};
+          const Shape shape{1, 3, tokens, tokens % 2 ? 32 : 64, dtype};
           CAPTURE(shape.str());
           CAPTURE(qk_scale);
           const attn::HostTensors inputs = attn::make_inputs(shape, 11, qk_scale);
           const std::vector<__half> d_o = attn::make_output_gradient(shape, 11);
           const attn::BackwardReference reference = attn::compute_backward_reference(
               inputs, d_o, attn::slices_to_check(shape, CheckMode::full, 11));
-          const SimulatedGradients kernel = simulated_flash_backward(inputs, d_o);
-          const attn::CheckResult result = attn::compare_gradients(shape, reference, kernel.dq, kernel.dk, kernel.dv);
-          INFO(result.worst);
-          CHECK(result.passed);
-          CHECK(result.worst_bound_ratio < 1.0);  // first order already holds it, in this model
+          for (bool eager : {false, true}) {
+            CAPTURE(eager);
+            const SimulatedGradients kernel = simulated_backward(inputs, d_o, eager);
+            const attn::CheckResult result =
+                attn::compare_gradients(shape, reference, kernel.dq, kernel.dk, kernel.dv);
+            INFO(result.worst);
+            CHECK(result.passed);
+            CHECK(result.worst_bound_ratio < 1.0);  // first order already holds it, in this model
+          }
         }
       }
     }
@@ -316,7 +323,7 @@ TEST_SUITE("check") {
     const std::vector<__half> d_o = attn::make_output_gradient(shape, 11);
     const attn::BackwardReference reference =
         attn::compute_backward_reference(inputs, d_o, attn::slices_to_check(shape, CheckMode::full, 11));
-    const SimulatedGradients no_d_term = simulated_flash_backward(inputs, d_o, false);
+    const SimulatedGradients no_d_term = simulated_backward(inputs, d_o, false, false);
     const attn::CheckResult caught =
         attn::compare_gradients(shape, reference, no_d_term.dq, no_d_term.dk, no_d_term.dv);
     CHECK_FALSE(caught.passed);

@@ -143,8 +143,9 @@ class GradeReportTest(unittest.TestCase):
     def test_a_hopper_step_that_breaks_a_pipeline_rule_fails_its_checked_part(self):
         step8_tests = [("gpu.v8", ["gpu", "step8"])]
         passed = junit([("gpu.v8", "run", "<system-out></system-out>")])
-        rule = ("v8: pipeline rule staging-busy broken in block 3, thread 130: wrote the O staging "
-                "buffer of warpgroup 1 while a TMA store from it may still be reading it")
+        rule = ("v8: pipeline rule write-during-async-read broken in block 3, thread 130: wrote the "
+                "O staging buffer of warpgroup 1 (use 1) before the asynchronous reads of its last "
+                "contents were known to be complete")
         files = {"step8.source": "/course/racy_v8.cu", "step8.hopper": "",
                  "step8.tests.json": listing(step8_tests), "step8.junit.xml": passed,
                  "step8.ctest.log": "", "step8.checked.rc": "1",
@@ -159,7 +160,7 @@ class GradeReportTest(unittest.TestCase):
         self.assertEqual(code, 1)
         checked = self.by_name(report)["step8 checked pipeline"]
         self.assertEqual((checked["status"], checked["score"], checked["max_score"]), ("failed", 0.0, 1.0))
-        self.assertEqual(checked["output"].count("pipeline rule staging-busy"), 1)  # each rule once
+        self.assertEqual(checked["output"].count("pipeline rule write-during-async-read"), 1)  # each rule once
         self.assertEqual(report["steps"][0]["checked_pipeline"], "failed")
         self.assertEqual((report["score"], report["max_score"]), (3.0, 4.0))
         self.assertRegex(stdout, r"v8\s+racy_v8.cu\s+1/1\s+0\s+clean\s+clean\s+FAILED\s+1\.00x")
