@@ -52,9 +52,11 @@ const char* kUsage =
     "--log-sum-exp times the forward a training step runs: each step also writes L, each row's\n"
     "  log-sum-exp, for the backward pass. Its rows are named ID+lse; a step that does not\n"
     "  write L is a row 'skipped: <why>'.\n"
-    "Runs every registered step (or the ones named) and the baselines over each token count\n"
-    "and head dim, checks each against the fp64 reference, and writes one CSV row per run\n"
-    "(to FILE, or to stdout when no --csv is given). Defaults: all steps, tokens 197,577,1025,\n"
+    "Runs every registered forward step (or the ones named) and the baselines over each token\n"
+    "count and head dim, checks each against the fp64 reference, and writes one CSV row per run\n"
+    "(to FILE, or to stdout when no --csv is given). A backward step (v9, v10) runs when named:\n"
+    "its forward step writes O and L, and the backward alone is timed (its FLOPs counted as 2.5\n"
+    "forwards). Defaults: all forward steps, tokens 197,577,1025,\n"
     "head dim 64, batch 32, heads 12; iters as in the step executables. A shape a step refuses\n"
     "on this GPU (head dim, shared memory, compute capability) is a row 'skipped: <why>'.\n"
     "Exit codes: 0 all checks passed, 1 a check failed, 2 usage error, 3 CUDA error.\n";
@@ -85,9 +87,8 @@ BenchOptions parse(int argc, char** argv) {
         for (std::string id; std::getline(stream, id, ',');) {
           const StepInfo* found = find_step(id);
           if (found == nullptr) throw UsageError("--steps: no step or baseline '" + id + "' (see --list)");
-          if (is_backward(found->kind)) {
-            throw UsageError("--steps: " + id + " is a backward step; the bench times forward "
-                             "steps (./step" + id.substr(1) + " times it)");
+          if (is_backward(found->kind) && options.log_sum_exp) {
+            throw UsageError("--steps: " + id + " is a backward step; --log-sum-exp times forward steps");
           }
           options.steps.push_back(id);
         }
@@ -231,8 +232,11 @@ int run(const BenchOptions& options) {
       Shape shape{options.batch, options.heads, tokens, head_dim};
       validate_shape(shape);
       const HostTensors inputs = make_inputs(shape, options.seed);
-      const Reference reference =
-          compute_reference(inputs, slices_to_check(shape, options.check, options.seed));
+      const std::vector<int64_t> slices = slices_to_check(shape, options.check, options.seed);
+      const Reference reference = compute_reference(inputs, slices);
+      // A backward step's dO and reference, made once per shape when one is named.
+      std::vector<__half> d_o;
+      BackwardReference backward_reference;
       for (const std::string& id : options.steps) {
         const StepInfo& step = *find_step(id);
         Record record;
@@ -253,12 +257,25 @@ int run(const BenchOptions& options) {
             config.iters = options.iters;
             config.max_persistent_blocks = max_persistent_blocks;
             config.timed_log_sum_exp = options.log_sum_exp;
-            const RunResult result = run_step(
-                step, inputs, options.check == CheckMode::none ? nullptr : &reference, config);
-            record.timing = result.timing;
-            record.check = result.check;
-            record.status = status_of(result.check);
-            any_failed = any_failed || (result.check.checked && !result.check.passed);
+            if (is_backward(step.kind)) {
+              if (d_o.empty()) {
+                d_o = make_output_gradient(shape, options.seed);
+                backward_reference = compute_backward_reference(inputs, d_o, slices);
+              }
+              const BackwardRunResult result = run_backward_step(
+                  step, inputs, d_o, options.check == CheckMode::none ? nullptr : &backward_reference,
+                  config);
+              record.backward = true;
+              record.timing = result.timing;
+              record.check = result.check;
+            } else {
+              const RunResult result = run_step(
+                  step, inputs, options.check == CheckMode::none ? nullptr : &reference, config);
+              record.timing = result.timing;
+              record.check = result.check;
+            }
+            record.status = status_of(record.check);
+            any_failed = any_failed || (record.check.checked && !record.check.passed);
           } catch (const GpuHang&) {
             throw;  // the kernel still runs: waiting for the device below would never return
           } catch (const CudaError& error) {
