@@ -116,11 +116,12 @@ BUGS = [
         [("pack_pair<Element>(dk_acc[4 * d + 2 * half] * scale, dk_acc[4 * d + 2 * half + 1] * scale)",
           "pack_pair<Element>(dk_acc[4 * d + 2 * half], dk_acc[4 * d + 2 * half + 1])", 1)]),
     # Keys past N in the backward's last K/V tile (zero K rows, score 0) keep P = exp(-L): where a
-    # few keys all score far below 0, that overflows fp16 and dQ = dS K turns NaN.
-    Bug("v9nokeymask", V9, "keys past N keep P = exp(-L) in the backward",
-        [("    if (keys_past_n) {", "    if (false) {", 1)], target=LARGE_SCORES_TEST),
-    Bug("v10nokeymask", V10, "keys past N keep P = exp(-L) in the backward",
-        [("    if (keys_past_n) {", "    if (false) {", 1)], target=LARGE_SCORES_TEST),
+    # few keys all score far below 0, their dS overflows fp16 and dQ = dS K turns NaN.
+    Bug("v9nokeymask", V9, "the dS of keys past N reaches dQ in the backward",
+        [("          if (key_inside[e / 2]) {\n            ds_tile", "          if (true) {\n            ds_tile", 1)],
+        target=LARGE_SCORES_TEST),
+    Bug("v10nokeymask", V10, "the dS of keys past N reaches dQ in the backward",
+        [("        if (key_inside[pair % 2]) {", "        if (true) {", 1)], target=LARGE_SCORES_TEST),
     # bf16: the element type mixed up in one place, which the fp16 suite cannot see.
     Bug("v6bf16pashalf", V6, "P packed as fp16 pairs in the bf16 kernel (the wrong type for the MMA)",
         [("p_fragments[g][0] = pack_pair<Element>(", "p_fragments[g][0] = pack_pair<__half>(", 1)]),

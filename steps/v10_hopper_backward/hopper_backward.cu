@@ -256,16 +256,35 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   const Element* my_dq_keys = smem.k + (dq_column0 / kSwizzleColumns) * kBlockN * kSwizzleColumns +
                               dq_column0 % kSwizzleColumns;
 
-  // Keys past N (the last K/V tile's tail) are TMA's zero rows, so their score is 0 and P =
-  // exp(-L), which overflows fp16 where a row's scores all lie far below 0, and inf times their
-  // zero K row is NaN in dQ: as in v9, their P and dS are set to 0. This thread's keys are rows
-  // warp * 16 + lane / 4 (+ 8) of its consumer's 64. Query rows past N need nothing: zero Q and dO
-  // rows, L and D padded with 0, give them dS = 0.
-  const bool keys_past_n = key0 + kBlockN > tokens;
+  // This thread's keys: rows warp * 16 + lane / 4 (+ 8) of its consumer's 64, the two rows of
+  // each 16 of dS^T it writes. Keys past N (the last K/V tile's tail) are TMA's zero rows, so their
+  // score is 0 and P = exp(-L), which overflows fp16 where a row's scores all lie far below 0, and
+  // inf times their zero K row in dQ is NaN. As in v9, their dS never reaches dQ: their rows of
+  // both dS^T buffers are zeroed here, once, and the stores below skip them (a predicate, no
+  // instruction more per Q tile). In registers their P and dS reach only their own rows of dK
+  // and dV, which are never written. Query rows past N need nothing: zero Q and dO rows, L and D
+  // padded with 0, give them dS = 0.
   bool key_inside[2];
   for (int half = 0; half < 2; ++half) {
     key_inside[half] = key0 + consumer * 64 + warp * 16 + lane / 4 + 8 * half < tokens;
   }
+  // Where this thread's pair `pair` of k-step s of dS^T goes in a buffer: pair 2p + h is 8-column
+  // block 2s + p / 2 (the queries), row half h = p % 2 (the key).
+  auto ds_offset = [&](int s, int pair) {
+    const int key = consumer * 64 + warp * 16 + lane / 4 + 8 * (pair % 2);
+    const int query = 8 * (2 * s + pair / 2) + 2 * quad_lane;
+    return hopper::swizzled_offset<T::kSwizzle>(key, query, kBlockN);
+  };
+  for (int buffer = 0; buffer < T::kDsBuffers; ++buffer) {
+    for (int s = 0; s < T::kRowSteps; ++s) {
+      for (int pair = 0; pair < 4; ++pair) {
+        if (!key_inside[pair % 2]) {
+          *reinterpret_cast<uint32_t*>(reinterpret_cast<unsigned char*>(smem.ds[buffer]) + ds_offset(s, pair)) = 0u;
+        }
+      }
+    }
+  }
+  hopper::fence_async_shared();  // read by wgmma, after the first publish()
   float dv_acc[kHeadDim / 2] = {};
   float dk_acc[kHeadDim / 2] = {};
   kv_ring.wait_full(0);
@@ -317,17 +336,9 @@ __global__ void __launch_bounds__(T::kThreads, 1)
         dp_acc[4 * i + e] = s_acc[4 * i + e] * (dp_acc[4 * i + e] - (e % 2 ? row_dots.y : row_dots.x));
       }
     }
-    if (keys_past_n) {
-      for (int i = 0; i < kBlockM / 8; ++i) {
-        for (int e = 0; e < 4; ++e) {
-          if (!key_inside[e / 2]) s_acc[4 * i + e] = dp_acc[4 * i + e] = 0.0f;
-        }
-      }
-    }
 
     // P^T and dS^T in fp16 (or bf16) as wgmma's A operand, 16 queries a k-step (v8's packing),
-    // and dS^T into shared memory for dQ: pair 2p + h of a step is 8-column block 2s + p / 2,
-    // row half h = p % 2.
+    // and dS^T into shared memory for dQ (keys past N keep their zeros).
     uint32_t p_fragments[T::kRowSteps][4], ds_fragments[T::kRowSteps][4];
     for (int s = 0; s < T::kRowSteps; ++s) {
       for (int pair = 0; pair < 4; ++pair) {
@@ -339,10 +350,9 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     unsigned char* ds_bytes = reinterpret_cast<unsigned char*>(smem.ds[ds.slot(step)]);
     for (int s = 0; s < T::kRowSteps; ++s) {
       for (int pair = 0; pair < 4; ++pair) {
-        const int key = consumer * 64 + warp * 16 + lane / 4 + 8 * (pair % 2);
-        const int query = 8 * (2 * s + pair / 2) + 2 * quad_lane;
-        *reinterpret_cast<uint32_t*>(ds_bytes + hopper::swizzled_offset<T::kSwizzle>(key, query, kBlockN)) =
-            ds_fragments[s][pair];
+        if (key_inside[pair % 2]) {
+          *reinterpret_cast<uint32_t*>(ds_bytes + ds_offset(s, pair)) = ds_fragments[s][pair];
+        }
       }
     }
     ds.fence(step);  // read next by wgmma, the other consumer's too

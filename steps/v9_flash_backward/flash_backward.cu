@@ -192,13 +192,24 @@ __global__ void __launch_bounds__(Tiles<kHeadDim, kWarps>::kThreads)
 
   // This warp's 16 keys: the rows of dK and dV it owns. Keys past N (the last tile's tail) are
   // zero rows of K and V, so their score is 0 and P = exp(-L): 1e13 for a row whose scores all lie
-  // far below 0 (L = -30), which overflows fp16 on the way to dQ = dS K, and inf times their zero
-  // K row is NaN in every dQ of the row. Their P and dS are set to 0 (the last tile only). Query
-  // rows past N need nothing: zero Q and dO rows, with L and D read as 0, give P = 1 and dP = 0, so
-  // dS = 0, and they add nothing to dK or dV.
+  // far below 0 (L = -30), which overflows fp16, and inf times their zero K row in dQ = dS K is NaN
+  // in every dQ of the row. So their dS never reaches dQ: the threads that hold them leave their
+  // entries of ds_tile at the zeros written here, once, and skip them below (a store with a
+  // predicate, no instruction more per Q tile). In registers their P and dS reach only their own
+  // rows of dK and dV, which are never written. Query rows past N need nothing: zero Q and dO
+  // rows, with L and D read as 0, give P = 1 and dP = 0, so dS = 0, and they add nothing.
   const int warp_key0 = warp * 16;
   const bool key_inside[2] = {key0 + warp_key0 + group < tokens, key0 + warp_key0 + group + 8 < tokens};
-  const bool keys_past_n = key0 + T::kBlockN > tokens;
+  if constexpr (kAtomicDq) {
+    for (int n = 0; n < T::kRowTiles; ++n) {
+      for (int e = 0; e < 4; ++e) {
+        if (!key_inside[e / 2]) {
+          ds_tile[(n * 8 + 2 * quad_lane + e % 2) * T::kDsStride + warp_key0 + group + 8 * (e / 2)] =
+              from_float<Element>(0.0f);
+        }
+      }
+    }
+  }
   float dk_acc[T::kDTiles][4] = {};
   float dv_acc[T::kDTiles][4] = {};
 
@@ -243,13 +254,6 @@ __global__ void __launch_bounds__(Tiles<kHeadDim, kWarps>::kThreads)
         dp_acc[n][e] = p * (dp_acc[n][e] - dot[column]);
       }
     }
-    if (keys_past_n) {
-      for (int n = 0; n < T::kRowTiles; ++n) {
-        for (int e = 0; e < 4; ++e) {
-          if (!key_inside[e / 2]) s_acc[n][e] = dp_acc[n][e] = 0.0f;
-        }
-      }
-    }
 
     // dV += P^T dO and dK += dS^T Q: the accumulators of two neighbouring 8-query tiles are, in
     // fp16, the A fragment of a 16-query step (as P was in v6); B is dO and Q with the queries
@@ -277,10 +281,13 @@ __global__ void __launch_bounds__(Tiles<kHeadDim, kWarps>::kThreads)
 
     if constexpr (kAtomicDq) {  // else dQ comes from a pass of its own
       // dS (fp16) into shared memory as [query][key]: dQ needs it with the queries as rows.
+      // Keys past N keep their zeros.
       for (int n = 0; n < T::kRowTiles; ++n) {
         for (int e = 0; e < 4; ++e) {
-          ds_tile[(n * 8 + 2 * quad_lane + e % 2) * T::kDsStride + warp_key0 + group + 8 * (e / 2)] =
-              from_float<Element>(dp_acc[n][e]);
+          if (key_inside[e / 2]) {
+            ds_tile[(n * 8 + 2 * quad_lane + e % 2) * T::kDsStride + warp_key0 + group + 8 * (e / 2)] =
+                from_float<Element>(dp_acc[n][e]);
+          }
         }
       }
       __syncthreads();
