@@ -275,16 +275,18 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     const int query = 8 * (2 * s + pair / 2) + 2 * quad_lane;
     return hopper::swizzled_offset<T::kSwizzle>(key, query, kBlockN);
   };
-  for (int buffer = 0; buffer < T::kDsBuffers; ++buffer) {
-    for (int s = 0; s < T::kRowSteps; ++s) {
-      for (int pair = 0; pair < 4; ++pair) {
-        if (!key_inside[pair % 2]) {
-          *reinterpret_cast<uint32_t*>(reinterpret_cast<unsigned char*>(smem.ds[buffer]) + ds_offset(s, pair)) = 0u;
+  if (key0 + kBlockN > tokens) {  // the block of the last K/V tile
+    for (int buffer = 0; buffer < T::kDsBuffers; ++buffer) {
+      for (int s = 0; s < T::kRowSteps; ++s) {
+        for (int pair = 0; pair < 4; ++pair) {
+          if (!key_inside[pair % 2]) {
+            *reinterpret_cast<uint32_t*>(reinterpret_cast<unsigned char*>(smem.ds[buffer]) + ds_offset(s, pair)) = 0u;
+          }
         }
       }
     }
+    hopper::fence_async_shared();  // read by wgmma, after the first publish()
   }
-  hopper::fence_async_shared();  // read by wgmma, after the first publish()
   float dv_acc[kHeadDim / 2] = {};
   float dk_acc[kHeadDim / 2] = {};
   kv_ring.wait_full(0);

@@ -200,7 +200,7 @@ __global__ void __launch_bounds__(Tiles<kHeadDim, kWarps>::kThreads)
   // rows, with L and D read as 0, give P = 1 and dP = 0, so dS = 0, and they add nothing.
   const int warp_key0 = warp * 16;
   const bool key_inside[2] = {key0 + warp_key0 + group < tokens, key0 + warp_key0 + group + 8 < tokens};
-  if constexpr (kAtomicDq) {
+  if (kAtomicDq && key0 + T::kBlockN > tokens) {  // the block of the last K/V tile
     for (int n = 0; n < T::kRowTiles; ++n) {
       for (int e = 0; e < 4; ++e) {
         if (!key_inside[e / 2]) {
