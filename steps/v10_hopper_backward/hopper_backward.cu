@@ -259,15 +259,12 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   // This thread's keys: rows warp * 16 + lane / 4 (+ 8) of its consumer's 64, the two rows of
   // each 16 of dS^T it writes. Keys past N (the last K/V tile's tail) are TMA's zero rows, so their
   // score is 0 and P = exp(-L), which overflows fp16 where a row's scores all lie far below 0, and
-  // inf times their zero K row in dQ is NaN. As in v9, their dS never reaches dQ: their rows of
-  // both dS^T buffers are zeroed here, once, and the stores below skip them (a predicate, no
-  // instruction more per Q tile). In registers their P and dS reach only their own rows of dK
-  // and dV, which are never written. Query rows past N need nothing: zero Q and dO rows, L and D
-  // padded with 0, give them dS = 0.
-  bool key_inside[2];
-  for (int half = 0; half < 2; ++half) {
-    key_inside[half] = key0 + consumer * 64 + warp * 16 + lane / 4 + 8 * half < tokens;
-  }
+  // inf times their zero K row in dQ is NaN. As in v9, their dS never reaches dQ: in the block of
+  // the last K/V tile, their entries of dS^T are overwritten with zeros before it is handed to
+  // the tensor cores. In registers their P and dS reach only their own rows of dK and dV, which
+  // are never written. Query rows past N need nothing: zero Q and dO rows, L and D padded with
+  // 0, give them dS = 0.
+  const bool keys_past_n = key0 + kBlockN > tokens;
   // Where this thread's pair `pair` of k-step s of dS^T goes in a buffer: pair 2p + h is 8-column
   // block 2s + p / 2 (the queries), row half h = p % 2 (the key).
   auto ds_offset = [&](int s, int pair) {
@@ -275,18 +272,6 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     const int query = 8 * (2 * s + pair / 2) + 2 * quad_lane;
     return hopper::swizzled_offset<T::kSwizzle>(key, query, kBlockN);
   };
-  if (key0 + kBlockN > tokens) {  // the block of the last K/V tile
-    for (int buffer = 0; buffer < T::kDsBuffers; ++buffer) {
-      for (int s = 0; s < T::kRowSteps; ++s) {
-        for (int pair = 0; pair < 4; ++pair) {
-          if (!key_inside[pair % 2]) {
-            *reinterpret_cast<uint32_t*>(reinterpret_cast<unsigned char*>(smem.ds[buffer]) + ds_offset(s, pair)) = 0u;
-          }
-        }
-      }
-    }
-    hopper::fence_async_shared();  // read by wgmma, after the first publish()
-  }
   float dv_acc[kHeadDim / 2] = {};
   float dk_acc[kHeadDim / 2] = {};
   kv_ring.wait_full(0);
@@ -340,7 +325,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     }
 
     // P^T and dS^T in fp16 (or bf16) as wgmma's A operand, 16 queries a k-step (v8's packing),
-    // and dS^T into shared memory for dQ (keys past N keep their zeros).
+    // and dS^T into shared memory for dQ, with zeros for keys past N.
     uint32_t p_fragments[T::kRowSteps][4], ds_fragments[T::kRowSteps][4];
     for (int s = 0; s < T::kRowSteps; ++s) {
       for (int pair = 0; pair < 4; ++pair) {
@@ -352,8 +337,14 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     unsigned char* ds_bytes = reinterpret_cast<unsigned char*>(smem.ds[ds.slot(step)]);
     for (int s = 0; s < T::kRowSteps; ++s) {
       for (int pair = 0; pair < 4; ++pair) {
-        if (key_inside[pair % 2]) {
-          *reinterpret_cast<uint32_t*>(ds_bytes + ds_offset(s, pair)) = ds_fragments[s][pair];
+        *reinterpret_cast<uint32_t*>(ds_bytes + ds_offset(s, pair)) = ds_fragments[s][pair];
+      }
+    }
+    if (keys_past_n) {  // one branch, not taken in every other block
+      const int my_key0 = key0 + consumer * 64 + warp * 16 + lane / 4;
+      for (int s = 0; s < T::kRowSteps; ++s) {
+        for (int pair = 0; pair < 4; ++pair) {
+          if (my_key0 + 8 * (pair % 2) >= tokens) *reinterpret_cast<uint32_t*>(ds_bytes + ds_offset(s, pair)) = 0u;
         }
       }
     }
