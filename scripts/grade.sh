@@ -253,19 +253,9 @@ for step in "${steps[@]}"; do
       echo "$step_reason" > "$part.skipped"
     else
       bench_status=0
-      if grep -q "StepKind::backward" "${step_source[$step]}"; then
-        # A backward step: the bench times forward steps, so its executable and the shipped
-        # one's time the backward, each printing the bench's CSV columns. Checked, as the bench
-        # checks: no speed is reported for a wrong answer.
-        say "step $step: step$step and step${step}_ref --tokens $speed_tokens (a backward step)"
-        { "$build_dir/step$step" --tokens "$speed_tokens" --format csv &&
-          "$build_dir/step${step}_ref" --tokens "$speed_tokens" --format csv |
-            tail -n +2; } > "$part.csv" 2> "$part.log" || bench_status=$?
-      else
-        say "step $step: bench --steps v$step,v${step}_ref --tokens $speed_tokens"
-        "$build_dir/bench" --steps "v$step,v${step}_ref" --tokens "$speed_tokens" \
-            --csv "$part.csv" > "$part.log" 2>&1 || bench_status=$?
-      fi
+      say "step $step: bench --steps v$step,v${step}_ref --tokens $speed_tokens"
+      "$build_dir/bench" --steps "v$step,v${step}_ref" --tokens "$speed_tokens" \
+          --csv "$part.csv" > "$part.log" 2>&1 || bench_status=$?
       echo "$bench_status" > "$part.rc"
     fi
   fi
