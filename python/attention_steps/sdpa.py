@@ -7,14 +7,11 @@
 scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
 scale=None, enable_gqa=False) takes PyTorch's arguments and returns what PyTorch's returns. It
 runs the fastest step that serves the call on the tensors' GPU and dtype (v8 on an H100 and v6
-elsewhere, in float16 and in bfloat16: chapters 07, 10 and 12) and hands
-every other call to PyTorch's own function: masks, causal attention, dropout, grouped-query
-attention, dtypes other than float16 and bfloat16, CPU tensors, head dims
-or token counts no step serves, keys of another length than the queries, and calls that need a
-gradient at a head dim no backward step serves (v10 on an H100 and v9 elsewhere serve 64 and
-128: autograd runs them).
-use_steps(verbose=True) says once per reason when that happens; never while torch.compile
-traces, where printing would break the graph.
+elsewhere, in float16 and in bfloat16: chapters 07, 10 and 12) and hands every other call to
+PyTorch's own function: the calls FALLBACKS lists (README's list is made from it). A gradient
+is served where a backward step serves the head dim (v10 on an H100 and v9 elsewhere serve 64
+and 128: autograd runs them). use_steps(verbose=True) says once per reason when a call goes to
+PyTorch; never while torch.compile traces, where printing would break the graph.
 
 What serves which call is decided here, in plain Python over a table made when the module is
 first used (the library's answers for every visible GPU), so torch.compile traces the decision
@@ -29,6 +26,25 @@ from ._capi import load_library
 # The steps in the order they are preferred where several serve: fastest first (measured on the
 # H100 in chapter 10; v6 is the one that runs on every GPU from sm_80).
 PREFERENCE = ("v8", "v7", "v6")
+
+# Every kind of call that goes to PyTorch's own function, by the key _why_not names it with.
+# README's list between the "sdpa fallbacks" markers is these values, in this order (a CPU
+# test, tests/check_doc_lists.py, reads this table and checks both).
+FALLBACKS = {
+    "operator": "no operator built",
+    "arguments": "arguments that are not tensors",
+    "mask": "an attention mask",
+    "causal": "causal attention",
+    "dropout": "attention dropout",
+    "dtype": "a dtype other than float16 and bfloat16, or mixed dtypes",
+    "device": "tensors not all on one CUDA device (CPU tensors among them)",
+    "rank": "tensors that are not 4-D, [B, H, N, D]",
+    "shape": "keys and values of another shape than the queries (cross-attention, grouped-query attention)",
+    "compiling": "a GPU first seen while torch.compile traces",
+    "head_dim": "a head dim no step serves in that dtype",
+    "gradient": "a gradient at a head dim no backward step serves",
+    "tokens": "more tokens than the step serves at that head dim",
+}
 
 _pytorch_sdpa = F.scaled_dot_product_attention  # PyTorch's own, whatever use_steps does later
 _attention_op = torch_op.load_if_built()  # None: not built, and no call is served by a step
@@ -73,39 +89,40 @@ def plan_for(device_index, dtype=torch.float16):
 
 
 def _why_not(query, key, value, attn_mask, dropout_p, is_causal):
-    """(step, None) when a step serves the call, else (None, the reason in a few words)."""
+    """(step, None) when a step serves the call, else (None, the reason in a few words): a value
+    of FALLBACKS, with the call's own numbers where they help."""
     tensors = (query, key, value)
     if _attention_op is None:
-        return None, f"no operator ({torch_op.BUILD_COMMAND})"
+        return None, f"{FALLBACKS['operator']} ({torch_op.BUILD_COMMAND})"
     if not all(isinstance(t, torch.Tensor) for t in tensors):
-        return None, "arguments that are not tensors"
+        return None, FALLBACKS["arguments"]
     if attn_mask is not None:
-        return None, "an attention mask"
+        return None, FALLBACKS["mask"]
     if is_causal:
-        return None, "causal attention"
+        return None, FALLBACKS["causal"]
     if dropout_p != 0.0:
-        return None, "attention dropout"
+        return None, FALLBACKS["dropout"]
     if query.dtype not in _DTYPES or any(t.dtype != query.dtype for t in tensors):
-        return None, f"dtype {query.dtype} (the steps take float16 and bfloat16)"
+        return None, f"{FALLBACKS['dtype']}: {query.dtype}"
     if any(t.device.type != "cuda" for t in tensors) or not (
             query.device == key.device == value.device):
-        return None, "tensors not all on one CUDA device"
+        return None, FALLBACKS["device"]
     if query.dim() != 4 or key.dim() != 4 or value.dim() != 4:
-        return None, f"{query.dim()}-D tensors (the steps take [B, H, N, D])"
-    if not query.shape == key.shape == value.shape:  # grouped-query attention among them
-        return None, "keys and values of another shape than the queries"
+        return None, f"{FALLBACKS['rank']}: {query.dim()}-D"
+    if not query.shape == key.shape == value.shape:
+        return None, FALLBACKS["shape"]
     device_index = query.device.index
     if device_index not in _plans and torch.compiler.is_compiling():
-        return None, "a GPU first seen while torch.compile traced (call plan_for(device) first)"
+        return None, f"{FALLBACKS['compiling']} (call plan_for(device) first)"
     served = plan_for(device_index, query.dtype).get(query.shape[-1])
     if served is None:
-        return None, f"head dim {query.shape[-1]} in {query.dtype}"
+        return None, f"{FALLBACKS['head_dim']}: {query.shape[-1]} in {query.dtype}"
     if (torch_op.needs_grad(tensors)
             and query.shape[-1] not in _backward_dims[device_index][query.dtype]):
-        return None, f"a gradient at head dim {query.shape[-1]} (no backward step serves it)"
+        return None, f"{FALLBACKS['gradient']}: {query.shape[-1]}"
     step, max_tokens = served
     if max_tokens is not None and query.shape[-2] > max_tokens:
-        return None, f"{query.shape[-2]} tokens (more than {step} serves at this head dim)"
+        return None, f"{FALLBACKS['tokens']}: {query.shape[-2]} (at most {max_tokens} for {step})"
     return step, None
 
 
