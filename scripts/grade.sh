@@ -1,9 +1,15 @@
 #!/usr/bin/env bash
 # Grades steps with the project's own test suite, the way a course grades a student's kernel.
 #
-#   scripts/grade.sh [options] [STEP ...]        STEP: 3 or v3; default: every steps/vN_*/
+#   scripts/grade.sh [options] [STEP | FILE.cu ...]   STEP: 3 or v3; default: every steps/vN_*/
 #
-# For each step: configures and builds in its own build folder, runs `ctest -L stepN`, runs
+# A FILE.cu is graded as the step its first line names: scripts/make-exercise.sh writes
+# "// Exercise: step N, ..." there, so `scripts/grade.sh my_v3.cu` grades that very file.
+# A step given without a file is graded from the shipped solution, and the table and the
+# report say so (SHIPPED, and a NOTE line).
+#
+# For each step: configures and builds in its own build folder (only the graded steps, and the
+# forward step a backward step runs first: -DATTN_STEPS), runs `ctest -L stepN`, runs
 # compute-sanitizer memcheck and racecheck on stepN at a small tail shape, for a Hopper step
 # (one that includes steps/hopper/) runs its GPU suite again in the checked build of the
 # asynchronous pipeline (a second folder, DIR-checked, configured with
@@ -75,6 +81,15 @@ while [ "$#" -gt 0 ]; do
       is_step "${BASH_REMATCH[1]}" || fail_usage "-DSTEP${BASH_REMATCH[1]}_SOURCE: there is no step ${BASH_REMATCH[1]}"
       source_option["${BASH_REMATCH[1]}"]="${BASH_REMATCH[2]}" ;;
     -*) fail_usage "unknown option '$1'" ;;
+    *.cu)
+      [ -f "$1" ] || fail_usage "no such file '$1'"
+      header="$(head -n 1 "$1")"
+      [[ "$header" =~ ^//\ Exercise:\ step\ ([0-9]+), ]] ||
+        fail_usage "$1: its first line names no step (\"// Exercise: step N, ...\"); name it: -DSTEP<N>_SOURCE=$1 N"
+      step="${BASH_REMATCH[1]}"
+      is_step "$step" || fail_usage "$1 names step $step; there is no step $step"
+      source_option["$step"]="$1"
+      steps+=("$step") ;;
     *)
       step="${1#v}"
       [[ "$step" =~ ^[0-9]+$ ]] || fail_usage "'$1' is not a step number"
@@ -121,6 +136,14 @@ else
   mkdir -p "$build_dir"
 fi
 build_dir="$(cd "$build_dir" && pwd)"
+step_list="$(IFS=';'; echo "${steps[*]}")"  # -DATTN_STEPS: build these steps only
+for step in "${steps[@]}"; do
+  if [ -z "${step_source[$step]}" ]; then
+    shipped=("$repo_root"/steps/v"$step"_*/*.cu)
+    say "NOTE: step $step is graded from its shipped solution (${shipped[0]#"$repo_root"/}), not a" \
+        "student's file; to grade a file: scripts/grade.sh my_v$step.cu"
+  fi
+done
 checked_dir="$build_dir-checked"  # the checked pipeline build, for the Hopper steps
 [ -n "$json_path" ] || json_path="$build_dir/results.json"
 work_dir="$build_dir/grading"  # raw results of this run, read by grade_report.py
@@ -128,9 +151,9 @@ rm -rf "$work_dir"
 mkdir -p "$work_dir"
 
 if [ "$no_build" = 0 ]; then
-  say "configuring $build_dir"
-  cmake -S "$repo_root" -B "$build_dir" -DBUILD_TESTING=ON "${configure_arguments[@]}" \
-      > "$work_dir/build.log" 2>&1 ||
+  say "configuring $build_dir (steps ${steps[*]})"
+  cmake -S "$repo_root" -B "$build_dir" -DBUILD_TESTING=ON "-DATTN_STEPS=$step_list" \
+      "${configure_arguments[@]}" > "$work_dir/build.log" 2>&1 ||
     fail_runtime "configure failed; see $work_dir/build.log"
   targets=(gpu_tests bench)
   for step in "${steps[@]}"; do
@@ -148,7 +171,7 @@ if [ "$no_build" = 0 ]; then
     say "configuring and building the checked pipeline build in $checked_dir"
     # Hopper alone (90): the checked build only ever runs there.
     if ! { cmake -S "$repo_root" -B "$checked_dir" -DBUILD_TESTING=ON -DATTN_CHECKED_PIPELINE=ON \
-             -DCMAKE_CUDA_ARCHITECTURES=90 \
+             -DCMAKE_CUDA_ARCHITECTURES=90 "-DATTN_STEPS=$step_list" \
              "${configure_arguments[@]}" && cmake --build "$checked_dir" -j "$(nproc)" --target gpu_tests; } \
          >> "$work_dir/build.log" 2>&1; then
       say "the checked build failed; see $work_dir/build.log"

@@ -251,7 +251,7 @@ def main():
             "speed_status": speed["status"] if speed else "not applicable",
         })
         speed_cell = f"{ratio:.2f}x" if ratio is not None else ("-" if speed is None else cell(speed))
-        rows.append([f"v{step}", Path(source).name if source else "shipped",
+        rows.append([f"v{step}", Path(source).name if source else "SHIPPED",
                      f"{passed}/{len(step_tests)}", str(skipped),
                      cell(sanitizers["memcheck"]), cell(sanitizers["racecheck"]), cell(checked),
                      speed_cell])
@@ -263,6 +263,12 @@ def main():
                       for row in [header] + rows)
     gpu_skipped = [t["name"] for t in tests if t["status"] == "skipped"]
     notes = []
+    shipped_steps = [summary["step"] for summary in summaries if summary["source"] == "shipped"]
+    if shipped_steps:
+        notes.append(f"NOTE: {', '.join(shipped_steps)} graded from the shipped solution, not a "
+                     "student's file (SHIPPED above). To grade a file: scripts/grade.sh my_vN.cu "
+                     "(a skeleton of scripts/make-exercise.sh names its step) or "
+                     "scripts/grade.sh -DSTEP<N>_SOURCE=my_vN.cu N.")
     if build_failed:
         notes.append("The build failed:\n" + build_failure_excerpt(work_dir))
     elif args.gpu_skipped_reason:

@@ -5,14 +5,20 @@
 #     ...solution...
 #     // END EXERCISE
 #
-# replaced by a TODO comment that carries the task. The step file is the only source of truth,
+# replaced by a TODO comment that carries the task. A region's lines of the form
+#
+#     // SKELETON: <code>
+#
+# are the skeleton's code after the TODO (comments in the shipped file): they write NaN into
+# what the region computes, so an untouched skeleton fails every check with non-finite output
+# instead of passing a plausible wrong answer along. The step file is the only source of truth,
 # so no copy of a kernel is kept by hand.
 #
 #   scripts/make-exercise.sh N > my_vN.cu        N: the step number (3 or v3)
 #
-# Build the skeleton with cmake -DSTEP<N>_SOURCE=my_vN.cu; grade it with scripts/grade.sh N
-# (docs/grading.md). Exit codes: 0 printed, 1 the step has no exercise regions or malformed
-# markers, 2 usage error (unknown option, no such step).
+# Build the skeleton with cmake -DSTEP<N>_SOURCE=my_vN.cu; grade that file with
+# scripts/grade.sh my_vN.cu (docs/grading.md). Exit codes: 0 printed, 1 the step has no
+# exercise regions or malformed markers, 2 usage error (unknown option, no such step).
 set -euo pipefail
 
 usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; }
@@ -55,6 +61,12 @@ awk -v path="$relative_path" -v step="$step" '
     inside = 0
     next
   }
+  inside && /^[ \t]*\/\/ SKELETON: / {
+    code = $0
+    sub(/^[ \t]*\/\/ SKELETON: /, "", code)
+    skeleton = skeleton indent code "\n"
+    next
+  }
   !inside { skeleton = skeleton $0 "\n" }
   END {
     if (failed) exit 1
@@ -65,8 +77,9 @@ awk -v path="$relative_path" -v step="$step" '
       exit 1
     }
     printf "// Exercise: step %s, generated from %s by scripts/make-exercise.sh.\n", step, path
-    printf "// Write each TODO; build with cmake -DSTEP%s_SOURCE=<this file>; grade with\n", step
-    printf "// scripts/grade.sh %s (docs/grading.md).\n", step
+    printf "// Write each TODO (code right after a TODO writes NaN until you replace it); build with\n"
+    printf "// cmake -DSTEP%s_SOURCE=<this file>; grade this file with\n", step
+    printf "// scripts/grade.sh <this file> (docs/grading.md).\n"
     printf "%s", skeleton
   }
 ' "$step_file"

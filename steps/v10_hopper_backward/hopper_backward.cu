@@ -12,8 +12,9 @@
 //                                                dP^T repacked, as P was in v8's P V
 //        dQ   = dS K                             both operands from shared memory, read
 //                                                transposed (dS^T as the consumers wrote it)
-//     Each consumer computes half of dQ's columns over all 128 keys of the block, so the two
-//     meet once per Q tile, at a named barrier, after both have written their dS^T;
+//     Each consumer computes half of dQ over all 128 keys of the block (half of its rows at
+//     D = 64, with 128-row Q tiles; half of its columns at D = 128, with 64-row ones), so the
+//     two meet once per Q tile, at a named barrier, after both have written their dS^T;
 //   - dQ leaves through a staging buffer and the copy engine's bulk reduce-add into an fp32 sum
 //     in L2: no atomics from threads, and the warpgroup goes on to the next Q tile while the
 //     copy runs. A last small kernel turns the sum into dQ.
@@ -430,6 +431,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
         dq_staging.commit();
       }
     }
+    // SKELETON: if (thread_in_group == 0) atomicAdd(dq_sum + dq_sum_offset<T>(slice, row_tiles, row_tile, consumer), NAN);
     // END EXERCISE
 
     groups.wait<0>();

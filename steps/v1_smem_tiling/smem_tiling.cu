@@ -138,6 +138,7 @@ __global__ void __launch_bounds__(kThreads)
       score_row[key_start + j] = scale * dot;
     }
   }
+  // SKELETON: for (int j = column; j < tokens; j += kThreadsPerRow) score_row[j] = NAN;
   // END EXERCISE
 
   // Softmax of the row, stably: each thread reads back the very scores it wrote, so only the

@@ -167,6 +167,7 @@ __global__ void __launch_bounds__(kThreads)
       wmma::store_matrix_sync(scores + key_start + key_block * kFragment, score_frag, n_padded,
                               wmma::mem_row_major);
     }
+    // SKELETON: for (int i = lane; i < kQueryRows * n_padded; i += kWarpSize) scores[i] = NAN;
     // END EXERCISE
   }
   __syncthreads();  // every score is in shared memory before lanes read other lanes' stores
@@ -215,6 +216,7 @@ __global__ void __launch_bounds__(kThreads)
         wmma::mma_sync(o_frags[column_block], p_frag, v_frag, o_frags[column_block]);
       }
     }
+    // SKELETON: for (auto& fragment : o_frags) wmma::fill_fragment(fragment, NAN);
     // END EXERCISE
   }
 

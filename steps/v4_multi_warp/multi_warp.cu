@@ -170,6 +170,8 @@ __global__ void __launch_bounds__(kThreads)
     }
     wmma::store_matrix_sync(scores + key_start + warp * kFragment, score_frag, n_padded,
                             wmma::mem_row_major);
+    // SKELETON: wmma::fill_fragment(score_frag, NAN);
+    // SKELETON: wmma::store_matrix_sync(scores + key_start + warp * kFragment, score_frag, n_padded, wmma::mem_row_major);
     // END EXERCISE
   }
   __syncthreads();  // every score is in shared memory before warps read other warps' stores
@@ -211,6 +213,7 @@ __global__ void __launch_bounds__(kThreads)
       wmma::load_matrix_sync(v_frag, kv_tile + key * kHeadDim + warp * kFragment, kHeadDim);
       wmma::mma_sync(o_frag, p_frag, v_frag, o_frag);
     }
+    // SKELETON: wmma::fill_fragment(o_frag, NAN);
     // END EXERCISE
   }
 

@@ -201,6 +201,8 @@ __global__ void __launch_bounds__(kThreads)
     wmma::store_matrix_sync(scores + row_group * kFragment * stride + key_start +
                                 column_warp * kFragment,
                             score_frag, stride, wmma::mem_row_major);
+    // SKELETON: wmma::fill_fragment(score_frag, NAN);
+    // SKELETON: wmma::store_matrix_sync(scores + row_group * kFragment * stride + key_start + column_warp * kFragment, score_frag, stride, wmma::mem_row_major);
     // END EXERCISE
   }
   __syncthreads();  // every score is in shared memory before warps read other warps' stores
@@ -248,6 +250,7 @@ __global__ void __launch_bounds__(kThreads)
                              kTileStride);
       wmma::mma_sync(o_frag, p_frag, v_frag, o_frag);
     }
+    // SKELETON: wmma::fill_fragment(o_frag, NAN);
     // END EXERCISE
   }
 

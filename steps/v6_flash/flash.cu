@@ -238,6 +238,7 @@ __global__ void __launch_bounds__(32 * kWarps)
         }
       }
     }
+    // SKELETON: for (int r = 0; r < kRows; ++r) row_sum[r] = NAN;
     // END EXERCISE
 
     cp_async_wait<1>();  // V of this tile has landed (the next K may still be in flight)

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# make-exercise.sh on hand-made step files: regions become TODOs at their indentation, and
+# make-exercise.sh on hand-made step files: regions become TODOs at their indentation (with
+# their SKELETON lines as code after them), and
 # every malformed marker, a step without regions, and a missing step are refused with one line
 # that names the file and line.
 #
@@ -15,7 +16,7 @@ make_step() {  # make_step NUMBER TEXT: steps/vNUMBER_case/case.cu holding TEXT
   mkdir -p "$fake_repo/steps/v$1_case"
   printf '%b' "$2" > "$fake_repo/steps/v$1_case/case.cu"
 }
-make_step 1 'keep 1\n    // BEGIN EXERCISE: first task\nsolution one\n    // END EXERCISE\nkeep 2\n// BEGIN EXERCISE: second task\nsolution two\n// END EXERCISE\nkeep 3\n'
+make_step 1 'keep 1\n    // BEGIN EXERCISE: first task\nsolution one\n      // SKELETON: poison_the_output();\n    // END EXERCISE\nkeep 2\n// BEGIN EXERCISE: second task\nsolution two\n// END EXERCISE\nkeep 3\n'
 make_step 2 'a\n// BEGIN EXERCISE: never closed\nb\n'
 make_step 3 'a\n  // END EXERCISE\n'
 make_step 4 'a\n// BEGIN EXERCISE:\n// END EXERCISE\n'
@@ -39,8 +40,10 @@ expect 6 1 'step 6 has no exercise regions'
 expect 9 2 'no step 9'
 expect x 2 "'x' is not a step number"
 
-expected_body=$'keep 1\n    // TODO: first task\nkeep 2\n// TODO: second task\nkeep 3'
-body=$("$fake_repo/scripts/make-exercise.sh" 1 | grep -v '^// Exercise\|^// Write each\|^// scripts/grade.sh')
+# A SKELETON line becomes code after the TODO, at the region's indentation; the four header
+# lines come first.
+expected_body=$'keep 1\n    // TODO: first task\n    poison_the_output();\nkeep 2\n// TODO: second task\nkeep 3'
+body=$("$fake_repo/scripts/make-exercise.sh" 1 | tail -n +5)
 if [ "$body" != "$expected_body" ]; then
   echo "make-exercise.sh 1 printed:" >&2
   echo "$body" >&2

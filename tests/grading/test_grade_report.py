@@ -93,7 +93,8 @@ class GradeReportTest(unittest.TestCase):
         self.assertEqual((report["score"], report["max_score"]), (4.0, 4.0))
         self.assertIs(report["gpu"]["available"], True)
         self.assertEqual(report["steps"][0]["speed_status"], "not applicable")
-        self.assertRegex(stdout, r"v0\s+shipped\s+2/2\s+0\s+clean\s+clean\s+-")
+        self.assertRegex(stdout, r"v0\s+SHIPPED\s+2/2\s+0\s+clean\s+clean\s+-")
+        self.assertIn("NOTE: v0 graded from the shipped solution, not a student's file", stdout)
 
     def test_skeleton_fails_with_the_messages_of_its_tests(self):
         doctest_output = ("test_steps_gpu.cpp:40: ERROR: CHECK( result.passed ) is NOT correct!\n"
