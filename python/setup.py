@@ -17,6 +17,19 @@ import shutil
 from setuptools import setup
 from setuptools.command.build_py import build_py
 
+# pip builds a wheel first. setuptools 70.1 and newer has the bdist_wheel command; older ones (65
+# on Debian 12) need the wheel package, which --no-build-isolation does not install: say so
+# here rather than fail with "invalid command 'bdist_wheel'".
+try:
+    from setuptools.command.bdist_wheel import bdist_wheel  # noqa: F401
+except ImportError:
+    try:
+        import wheel  # noqa: F401
+    except ImportError:
+        raise SystemExit("attention_steps: building needs the wheel package or setuptools 70.1 "
+                         "or newer: python3 -m pip install --upgrade setuptools wheel "
+                         "(python/README.md)")
+
 HERE = pathlib.Path(__file__).resolve().parent
 # A relative ATTENTION_STEPS_BUILD_DIR is taken from the checkout's root (pip runs this file from
 # python/, wherever it was started).

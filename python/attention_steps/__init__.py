@@ -31,11 +31,22 @@ _TORCH_NAMES = {name: "torch_bridge" for name in (
     "attention", "swap_attention", "restore_attention", "StepSelfAttention", "swappable_blocks")}
 _TORCH_NAMES.update({name: "sdpa" for name in ("scaled_dot_product_attention", "use_steps")})
 
+
+
+
+def _torch_installed():
+    """Whether torch can be imported, asked without importing it."""
+    import importlib.util
+    return importlib.util.find_spec("torch") is not None
+
+
+# `from attention_steps import *` takes the torch layer's names only where torch is installed:
+# elsewhere it imports the ctypes layer, as `import attention_steps` does.
 __all__ = ["ABI_VERSION", "OK", "REFUSED", "CUDA_ERROR", "ENVIRONMENT_VARIABLE",
            "AttentionStepsError", "CudaError", "StepRefused", "LibraryNotFoundError",
            "DeviceInfo", "StepInfo", "Library", "load_library", "list_steps", "device_info",
            "check", "refusal", "max_tokens", "shared_bytes", "workspace_bytes",
-           *_TORCH_NAMES]
+           *(_TORCH_NAMES if _torch_installed() else [])]
 
 
 def list_steps(library=None):

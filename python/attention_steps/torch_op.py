@@ -21,6 +21,9 @@ import torch
 from ._capi import load_library
 
 BUILD_COMMAND = "pip install --no-build-isolation ./python (after CMake built the library)"
+# torch.library.register_fake, which the fake implementations below use, came in torch 2.4; the
+# operator was built and tested with torch 2.11 (python/README.md).
+OLDEST_TORCH = (2, 4)
 
 
 @functools.lru_cache(maxsize=None)
@@ -56,6 +59,10 @@ def _fake_attention_backward(d_o, q, k, v, o, log_sum_exp, step, scale=None,
 def load():
     """Loads the operator (once) and returns torch.ops.attention_steps.attention; ImportError
     that says how to build it when it was not."""
+    version = tuple(int(part) for part in torch.__version__.split("+")[0].split(".")[:2])
+    if version < OLDEST_TORCH:
+        raise ImportError(f"the attention_steps operator needs torch {'.'.join(map(str, OLDEST_TORCH))} "
+                          f"or newer (torch.library.register_fake); this is {torch.__version__}")
     try:
         from . import _operator  # noqa: F401  (loading the library registers the operator)
     except ImportError as error:

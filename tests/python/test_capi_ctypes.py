@@ -32,6 +32,16 @@ class Package(unittest.TestCase):
         result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
         self.assertEqual(result.returncode, 0, result.stderr)
 
+    def test_star_import(self):
+        # Without torch it takes the ctypes layer; with torch, the torch layer's names too; and it
+        # never imports torch itself.
+        code = ("import sys; from attention_steps import *; list_steps; "
+                "torch_seen = 'torch' in sys.modules; "
+                "import importlib.util; has_torch = importlib.util.find_spec('torch') is not None; "
+                "sys.exit(2 if torch_seen and not has_torch else 0)")
+        result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+        self.assertEqual(result.returncode, 0, result.stderr)
+
     def test_torch_names_say_they_need_torch(self):
         try:
             import torch  # noqa: F401
