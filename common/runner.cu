@@ -180,6 +180,13 @@ BackwardRunResult run_backward_step(const StepInfo& step, const HostTensors& inp
                            "' (one that writes L) linked into this program");
   }
   const Shape& shape = inputs.shape;
+  for (const StepInfo* ran : {forward, &step}) {
+    if (const auto hung = hung_steps().find(ran->id); hung != hung_steps().end()) {
+      // The checked build's watchdog ended it; it would only hang again (and wait out the
+      // watchdog on every run of a suite).
+      throw CudaError("not run: an earlier run of " + ran->id + " hung: " + hung->second);
+    }
+  }
   const bool check_all_slices = reference != nullptr && config.check_all_slices;
   ensure_fits(step, shape, check_all_slices);
   const std::size_t count = std::size_t(shape.elements());
@@ -271,7 +278,7 @@ BackwardRunResult run_backward_step(const StepInfo& step, const HostTensors& inp
     take_pipeline_violation(*forward, result.check);
     take_pipeline_violation(step, result.check);
   }
-  if (config.time) {
+  if (config.time && hung_steps().count(step.id) == 0) {
     try {
       result.timing = time_launches(
           [&](int) {
