@@ -133,27 +133,24 @@ inline void describe(const Violation& v, const char* step, Line& line) {
   line.append(", thread ");
   line.append((long long)v.thread);
   line.append(": ");
-  auto stage = [&] {
+  // "K slot 1 (use 5)"; a staging buffer is named by its owner: "the O staging buffer of
+  // warpgroup 0 (use 3)".
+  auto named = [&](const char* before, const char* between) {
+    line.append(before);
     line.append(buffer_name(v.buffer));
-    line.append(" slot ");
+    line.append(between);
     line.append((long long)v.slot);
     line.append(" (use ");
     line.append((long long)v.use);
     line.append(")");
   };
-  // A staging buffer is named by its owner, a dS^T buffer by its slot and use.
+  auto stage = [&] { named("", " slot "); };
   auto written_buffer = [&] {
     if (Buffer(v.buffer) == Buffer::ds) {
       stage();
-      return;
+    } else {
+      named("the ", " buffer of warpgroup ");
     }
-    line.append("the ");
-    line.append(buffer_name(v.buffer));
-    line.append(" buffer of warpgroup ");
-    line.append((long long)v.slot);
-    line.append(" (use ");
-    line.append((long long)v.use);
-    line.append(")");
   };
   switch (Rule(v.rule)) {
     case Rule::read_before_full:
