@@ -121,7 +121,10 @@ BUGS = [
         [("          if (key_inside[e / 2]) {\n            ds_tile", "          if (true) {\n            ds_tile", 1)],
         target=LARGE_SCORES_TEST),
     Bug("v10nokeymask", V10, "the dS of keys past N reaches dQ in the backward",
-        [("    if (keys_past_n) {  // one branch", "    if (false) {  // one branch", 1)], target=LARGE_SCORES_TEST),
+        [(" & key_bits[pair % 2];", ";", 1),
+         ("key_in_range[pair % 2] ? hopper::pack_pair<Element>(dp_acc[8 * s + 2 * pair], dp_acc[8 * s + 2 * pair + 1]) : 0u;",
+          "hopper::pack_pair<Element>(dp_acc[8 * s + 2 * pair], dp_acc[8 * s + 2 * pair + 1]);", 1)],
+        target=LARGE_SCORES_TEST),
     # bf16: the element type mixed up in one place, which the fp16 suite cannot see.
     Bug("v6bf16pashalf", V6, "P packed as fp16 pairs in the bf16 kernel (the wrong type for the MMA)",
         [("p_fragments[g][0] = pack_pair<Element>(", "p_fragments[g][0] = pack_pair<__half>(", 1)]),

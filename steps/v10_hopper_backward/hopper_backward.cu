@@ -260,12 +260,13 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   // This thread's keys: rows warp * 16 + lane / 4 (+ 8) of its consumer's 64, the two rows of
   // each 16 of dS^T it writes. Keys past N (the last K/V tile's tail) are TMA's zero rows, so their
   // score is 0 and P = exp(-L), which overflows fp16 where a row's scores all lie far below 0, and
-  // inf times their zero K row in dQ is NaN. As in v9, their dS never reaches dQ: in the block of
-  // the last K/V tile, their entries of dS^T are overwritten with zeros before it is handed to
-  // the tensor cores. In registers their P and dS reach only their own rows of dK and dV, which
-  // are never written. Query rows past N need nothing: zero Q and dO rows, L and D padded with
-  // 0, give them dS = 0.
-  const bool keys_past_n = key0 + kBlockN > tokens;
+  // inf times their zero K row in dQ is NaN. As in v9, their dS never reaches dQ: each packed pair
+  // of dS of such a key is zeroed as it is made, with no branch in the walk. Their zero dS reaches
+  // only their own rows of dK, which are never written. Query rows past N need nothing: zero Q and
+  // dO rows, L and D padded with 0, give them dS = 0.
+  const int my_key0 = key0 + consumer * 64 + warp * 16 + lane / 4;
+  const bool key_in_range[2] = {my_key0 < tokens, my_key0 + 8 < tokens};
+  const uint32_t key_bits[2] = {key_in_range[0] ? ~0u : 0u, key_in_range[1] ? ~0u : 0u};
   // Where this thread's pair `pair` of k-step s of dS^T goes in a buffer: pair 2p + h is 8-column
   // block 2s + p / 2 (the queries), row half h = p % 2 (the key).
   auto ds_offset = [&](int s, int pair) {
@@ -331,7 +332,15 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     for (int s = 0; s < T::kRowSteps; ++s) {
       for (int pair = 0; pair < 4; ++pair) {
         p_fragments[s][pair] = hopper::pack_pair<Element>(s_acc[8 * s + 2 * pair], s_acc[8 * s + 2 * pair + 1]);
-        ds_fragments[s][pair] = hopper::pack_pair<Element>(dp_acc[8 * s + 2 * pair], dp_acc[8 * s + 2 * pair + 1]);
+        // The mask in the form that leaves ptxas without a spill at each head dim: an AND with
+        // all ones or zeros at D = 64, a select on the predicate at D = 128 (chapter 13).
+        if constexpr (kHeadDim == 64) {
+          ds_fragments[s][pair] =
+              hopper::pack_pair<Element>(dp_acc[8 * s + 2 * pair], dp_acc[8 * s + 2 * pair + 1]) & key_bits[pair % 2];
+        } else {
+          ds_fragments[s][pair] =
+              key_in_range[pair % 2] ? hopper::pack_pair<Element>(dp_acc[8 * s + 2 * pair], dp_acc[8 * s + 2 * pair + 1]) : 0u;
+        }
       }
     }
     ds.begin_writes(step);
@@ -339,14 +348,6 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     for (int s = 0; s < T::kRowSteps; ++s) {
       for (int pair = 0; pair < 4; ++pair) {
         *reinterpret_cast<uint32_t*>(ds_bytes + ds_offset(s, pair)) = ds_fragments[s][pair];
-      }
-    }
-    if (keys_past_n) {  // one branch, not taken in every other block
-      const int my_key0 = key0 + consumer * 64 + warp * 16 + lane / 4;
-      for (int s = 0; s < T::kRowSteps; ++s) {
-        for (int pair = 0; pair < 4; ++pair) {
-          if (my_key0 + 8 * (pair % 2) >= tokens) *reinterpret_cast<uint32_t*>(ds_bytes + ds_offset(s, pair)) = 0u;
-        }
       }
     }
     ds.fence(step);  // read next by wgmma, the other consumer's too
