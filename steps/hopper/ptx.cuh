@@ -29,7 +29,7 @@
 
 #include "cuda_check.hpp"
 #include "step.hpp"
-#include "v6_flash/fragment_math.cuh"
+#include "ampere/fragment_math.cuh"
 
 namespace hopper {
 

@@ -27,8 +27,8 @@
 #include "cuda_check.hpp"
 #include "element_type.hpp"
 #include "step.hpp"
-#include "v6_flash/fragment_math.cuh"
-#include "v6_flash/warp_mma.cuh"
+#include "ampere/fragment_math.cuh"
+#include "ampere/warp_mma.cuh"
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
 #pragma nv_diag_suppress 177  // sm_75: the kernel is a stub (below), its helpers go unused

@@ -1,6 +1,7 @@
 // The helpers step 6 introduced and the later steps keep: fp16 (or bf16) pairs for the A operand of a
 // tensor-core product (P packed from the S accumulators), 2^x in one instruction, and a row's
-// log-sum-exp from what the online softmax keeps.
+// log-sum-exp from what the online softmax keeps. steps/ampere/ holds the device code of the
+// mma.sync generation that several steps share (steps 6 and 9, and steps/hopper/ for the packing).
 #pragma once
 
 #include <cuda_bf16.h>
