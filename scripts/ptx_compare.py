@@ -9,12 +9,14 @@ steps/ampere/, steps/hopper/, or the headers beside its kernel then) and today's
 as scripts/bench-against.sh does; today's file against today's steps/. Both get the same step id,
 so the string constants agree. A step that uses wgmma or setmaxnreg is compiled for
 compute_90a, the others for compute_90. Before comparing, what does not reach the machine code
-is left out: the debug sections, .loc and .file lines, and the hash nvcc gives an anonymous
-namespace (it changes from compile to compile). Identical PTX gives identical SASS: ptxas is
-deterministic. scripts/sass_compare.py compares the SASS itself, on a machine with cuobjdump.
+is left out: the debug sections, .loc and .file lines, the hash nvcc gives an anonymous
+namespace (it changes from compile to compile), and the function's number in branch labels
+($L__BB7_3 is in the file's eighth function: kernels instantiated in another order are
+renumbered). PTX the same up to those names gives the same SASS: ptxas is deterministic.
+scripts/sass_compare.py compares the SASS itself, on a machine with cuobjdump.
 
-Prints, per step, each kernel's line count and how many of its lines changed (difflib), and the kernels only one
-side has. Exit status: 0 when every kernel of every step is the same, 1 when one is not, 2 on a
+Prints, per step, each kernel's line count and how many of its lines changed (difflib), and
+the kernels only one side has. Exit status: 0 when every kernel of every step is the same, 1 when one is not, 2 on a
 usage error, 3 when a compile failed.
 """
 import argparse
@@ -29,6 +31,7 @@ import tempfile
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ANONYMOUS = re.compile(r"_ZN\d+_GLOBAL__N__[0-9a-f]+_\d+_\w+?_cu_[0-9a-f]{8}_\d+")
+LABEL = re.compile(r"\$L__BB\d+_(\d+)")  # a label's first number is its function's place in the file
 ENTRY = re.compile(r"^(?:\.visible |\.weak )?\.entry (\S+?)\(")
 
 
@@ -46,6 +49,7 @@ def kernels(ptx_path):
     text = open(ptx_path).read()
     text = text.split("\t.section\t.debug", 1)[0]
     text = ANONYMOUS.sub("_ZN_anonymous_", text)
+    text = LABEL.sub(r"$L__BB_\1", text)
     code, current, module, depth = {}, None, [], 0
     for line in text.splitlines():
         stripped = line.strip()

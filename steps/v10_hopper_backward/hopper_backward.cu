@@ -32,6 +32,7 @@
 #include <string>
 
 #include "cuda_check.hpp"
+#include "dispatch.hpp"
 #include "element_type.hpp"
 #include "hopper/hopper.cuh"
 #include "step.hpp"
@@ -551,8 +552,9 @@ void launch_for(const attn::BackwardArgs& args) {
   };
   const CUtensorMap q_map = map(args.q, T::kBlockM), k_map = map(args.k, T::kBlockN),
                     v_map = map(args.v, T::kBlockN), d_o_map = map(args.d_o, T::kBlockM);
-  auto kernel = args.deterministic ? hopper_backward_kernel<T, Element, true>
-                                   : hopper_backward_kernel<T, Element, false>;
+  auto kernel = attn::with_flags(
+      [](auto deterministic) { return hopper_backward_kernel<T, Element, decltype(deterministic)::value>; },
+      args.deterministic);
   CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                   int(kSharedBytes<T>)));
   // Block b serves K/V tile b % key_tiles of slice b / key_tiles. In the deterministic mode a
@@ -586,18 +588,11 @@ void launch_for(const attn::BackwardArgs& args) {
 #define ATTN_V10_TILES_D128 64, 2
 #endif
 
-template <typename Body>
-void with_tile_shape(int64_t head_dim, Body&& body) {
-  switch (head_dim) {
-    case 64: return body(Tiles<64, ATTN_V10_TILES_D64>{});
-    case 128: return body(Tiles<128, ATTN_V10_TILES_D128>{});
-    default:  // the registration's head dims are these: the harness refuses any other first
-      throw std::logic_error("v10 has no tile shape for head dim " + std::to_string(head_dim));
-  }
-}
+// The step's one list of them: the registration's head dims, the launch and the shared memory.
+using TileTable = attn::TileTable<Tiles<64, ATTN_V10_TILES_D64>, Tiles<128, ATTN_V10_TILES_D128>>;
 
 void launch_hopper_backward(const attn::BackwardArgs& args) {
-  with_tile_shape(args.head_dim, [&](auto tiles) {
+  TileTable::with_shape(args.head_dim, [&](auto tiles) {
     attn::with_element_type(args.dtype, [&](auto element) {
       launch_for<decltype(element), decltype(tiles)>(args);
     });
@@ -606,7 +601,7 @@ void launch_hopper_backward(const attn::BackwardArgs& args) {
 
 std::size_t workspace_bytes_needed(const attn::Shape& shape) {
   std::size_t bytes = 0;
-  with_tile_shape(shape.head_dim, [&](auto tiles) {
+  TileTable::with_shape(shape.head_dim, [&](auto tiles) {
     bytes = workspace_bytes_for<decltype(tiles)>(shape.slices(), shape.tokens);
   });
   return bytes;
@@ -615,7 +610,7 @@ std::size_t workspace_bytes_needed(const attn::Shape& shape) {
 // Independent of N: K, V, the Q and dO stages, two dS^T buffers, the dQ staging.
 std::size_t shared_bytes_needed(const attn::Shape& shape) {
   std::size_t bytes = 0;
-  with_tile_shape(shape.head_dim, [&](auto tiles) { bytes = kSharedBytes<decltype(tiles)>; });
+  TileTable::with_shape(shape.head_dim, [&](auto tiles) { bytes = kSharedBytes<decltype(tiles)>; });
   return bytes;
 }
 
@@ -623,7 +618,7 @@ std::size_t shared_bytes_needed(const attn::Shape& shape) {
 // block's keys and a consumer's 64.
 attn::TileSizes tile_sizes(int head_dim) {
   attn::TileSizes sizes;
-  with_tile_shape(head_dim, [&](auto tiles) {
+  TileTable::with_shape(head_dim, [&](auto tiles) {
     using T = decltype(tiles);
     sizes = {{T::kBlockM, 64}, {T::kBlockN, 64}};
   });
@@ -635,7 +630,7 @@ attn::TileSizes tile_sizes(int head_dim) {
 ATTN_REGISTER_STEP(attn::StepInfo{ATTN_STEP_ID,
                                   "Hopper backward: TMA producer, 2 wgmma consumers, dQ by bulk "
                                   "reduce-add",
-                                  {64, 128}, 90, 90, shared_bytes_needed,
+                                  TileTable::head_dims(), 90, 90, shared_bytes_needed,
                                   /*launch=*/nullptr, workspace_bytes_needed,
                                   attn::StepKind::backward, /*takes_strides=*/false,
                                   hopper::kPipelineReport, /*writes_log_sum_exp=*/false,

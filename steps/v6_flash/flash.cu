@@ -25,6 +25,7 @@
 #include <string>
 
 #include "cuda_check.hpp"
+#include "dispatch.hpp"
 #include "element_type.hpp"
 #include "step.hpp"
 #include "ampere/fragment_math.cuh"
@@ -54,8 +55,9 @@ using fragment_math::pack_pair;
 
 // kRowGroups: 16-row groups per warp. With two, each K or V fragment read from shared memory
 // feeds two MMAs instead of one: half the shared-memory traffic per FLOP, more registers.
-template <int kHeadDim, int kWarps, int kRowGroups, int kBlockN>
+template <int kHeadDim_, int kWarps, int kRowGroups, int kBlockN>
 struct Tiles {
+  static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kThreads = 32 * kWarps;
   static constexpr int kWarpRows = 16 * kRowGroups;
   static constexpr int kBlockM = kWarpRows * kWarps;  // query rows per block
@@ -316,12 +318,12 @@ void launch_flash_for(Tiles<kHeadDim, kWarps, kRowGroups, kBlockN>, const attn::
   // Separate kernels, not one with `if (row_lse != nullptr)`: that test, though never taken on
   // the inference path, changed the register allocation of the whole kernel and cost it up to
   // 11% at D = 128 on the H100 (chapter 07). The mask gets kernels of its own for the same reason.
-  const bool lse = args.log_sum_exp != nullptr, masked = args.key_padding_mask != nullptr;
-  auto kernel =
-      lse ? (masked ? flash_attention_kernel<Element, kHeadDim, kWarps, kRowGroups, kBlockN, true, true>
-                    : flash_attention_kernel<Element, kHeadDim, kWarps, kRowGroups, kBlockN, true, false>)
-          : (masked ? flash_attention_kernel<Element, kHeadDim, kWarps, kRowGroups, kBlockN, false, true>
-                    : flash_attention_kernel<Element, kHeadDim, kWarps, kRowGroups, kBlockN, false, false>);
+  auto kernel = attn::with_flags(
+      [](auto lse, auto masked) {
+        return flash_attention_kernel<Element, kHeadDim, kWarps, kRowGroups, kBlockN,
+                                      decltype(lse)::value, decltype(masked)::value>;
+      },
+      args.log_sum_exp != nullptr, args.key_padding_mask != nullptr);
   CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                   int(T::kSharedBytes)));
   const int row_tiles = (args.tokens + T::kBlockM - 1) / T::kBlockM;
@@ -353,21 +355,12 @@ void launch_flash_for(Tiles<kHeadDim, kWarps, kRowGroups, kBlockN>, const attn::
 #define ATTN_V6_TILES_D128 4, 1, 64
 #endif
 
-// Calls body(tiles) with the tile shape of this head dim.
-template <typename Body>
-void with_tile_shape(int64_t head_dim, Body&& body) {
-  switch (head_dim) {
-    case 32: return body(Tiles<32, ATTN_V6_TILES_D32>{});
-    case 64: return body(Tiles<64, ATTN_V6_TILES_D64>{});
-    case 80: return body(Tiles<80, ATTN_V6_TILES_D80>{});
-    case 128: return body(Tiles<128, ATTN_V6_TILES_D128>{});
-    default:  // the registration's head dims are these: the harness refuses any other first
-      throw std::logic_error("v6 has no tile shape for head dim " + std::to_string(head_dim));
-  }
-}
+// The step's one list of them: the registration's head dims, the launch and the shared memory.
+using TileTable = attn::TileTable<Tiles<32, ATTN_V6_TILES_D32>, Tiles<64, ATTN_V6_TILES_D64>,
+                                  Tiles<80, ATTN_V6_TILES_D80>, Tiles<128, ATTN_V6_TILES_D128>>;
 
 void launch_flash(const attn::AttentionArgs& args) {
-  with_tile_shape(args.head_dim, [&](auto tiles) {
+  TileTable::with_shape(args.head_dim, [&](auto tiles) {
     attn::with_element_type(args.dtype, [&](auto element) {
       launch_flash_for<decltype(element)>(tiles, args);
     });
@@ -377,14 +370,14 @@ void launch_flash(const attn::AttentionArgs& args) {
 // Independent of N: Q, two K and two V tiles.
 std::size_t shared_bytes_needed(const attn::Shape& shape) {
   std::size_t bytes = 0;
-  with_tile_shape(shape.head_dim, [&](auto tiles) { bytes = decltype(tiles)::kSharedBytes; });
+  TileTable::with_shape(shape.head_dim, [&](auto tiles) { bytes = decltype(tiles)::kSharedBytes; });
   return bytes;
 }
 
 // The tiles along N, for the tests (step.hpp): a block's query rows and a warp's, a K/V tile.
 attn::TileSizes tile_sizes(int head_dim) {
   attn::TileSizes sizes;
-  with_tile_shape(head_dim, [&](auto tiles) {
+  TileTable::with_shape(head_dim, [&](auto tiles) {
     using T = decltype(tiles);
     sizes = {{T::kBlockM, T::kWarpRows}, {T::kKeysPerTile}};
   });
@@ -395,7 +388,7 @@ attn::TileSizes tile_sizes(int head_dim) {
 
 ATTN_REGISTER_STEP(attn::StepInfo{ATTN_STEP_ID,
                                   "flash: online softmax, K/V streamed, P kept in registers",
-                                  {32, 64, 80, 128}, 80, 0, shared_bytes_needed,
+                                  TileTable::head_dims(), 80, 0, shared_bytes_needed,
                                   launch_flash, nullptr, attn::StepKind::step,
                                   /*takes_strides=*/false, /*pipeline_report=*/nullptr,
                                   /*writes_log_sum_exp=*/true, /*launch_backward=*/nullptr,

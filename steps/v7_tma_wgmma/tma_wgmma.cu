@@ -27,6 +27,7 @@
 #include <type_traits>
 
 #include "cuda_check.hpp"
+#include "dispatch.hpp"
 #include "hopper/hopper.cuh"
 #include "step.hpp"
 
@@ -36,8 +37,9 @@ using hopper::Buffer;
 
 // ---- Tile geometry and shared memory --------------------------------------------------------
 
-template <int kHeadDim>
+template <int kHeadDim_>
 struct Tiles {
+  static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kWarpGroups = 2;
   static constexpr int kThreads = 128 * kWarpGroups;
   static constexpr int kBlockM = 64 * kWarpGroups;  // query rows per block: wgmma's M per group
@@ -269,8 +271,9 @@ void launch_for(const attn::AttentionArgs& args) {
   // Q in blocks of rows, K and V in tiles of keys, O in a warpgroup's 64 rows (views too).
   const hopper::AttentionMaps maps =
       hopper::attention_maps<T::kSwizzle>(args, T::kBlockM, T::kBlockN, 64);
-  auto kernel = args.log_sum_exp != nullptr ? tma_wgmma_attention_kernel<kHeadDim, true>
-                                             : tma_wgmma_attention_kernel<kHeadDim, false>;
+  auto kernel = attn::with_flags(
+      [](auto lse) { return tma_wgmma_attention_kernel<kHeadDim, decltype(lse)::value>; },
+      args.log_sum_exp != nullptr);
   CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                   int(kSharedBytes<kHeadDim>)));
   const int row_tiles = (args.tokens + T::kBlockM - 1) / T::kBlockM;
@@ -281,32 +284,28 @@ void launch_for(const attn::AttentionArgs& args) {
   CUDA_CHECK_LAUNCH();
 }
 
-// Calls body(std::integral_constant<int, D>) for the head dims this step serves.
-template <typename Body>
-void with_head_dim(int64_t head_dim, Body&& body) {
-  switch (head_dim) {
-    case 64: return body(std::integral_constant<int, 64>{});
-    case 128: return body(std::integral_constant<int, 128>{});
-    default:  // the registration's head dims are these: the harness refuses any other first
-      throw std::logic_error("v7 has no tile shape for head dim " + std::to_string(head_dim));
-  }
-}
+// The head dims this step serves, each with its tiles: the registration's head dims, the launch
+// and the shared memory read this one list.
+using TileTable = attn::TileTable<Tiles<64>, Tiles<128>>;
 
 void launch_tma_wgmma(const attn::AttentionArgs& args) {
-  with_head_dim(args.head_dim, [&](auto head_dim) { launch_for<head_dim()>(args); });
+  TileTable::with_shape(args.head_dim, [&](auto tiles) { launch_for<decltype(tiles)::kHeadDim>(args); });
 }
 
 // Independent of N: Q, two K and two V tiles.
 std::size_t shared_bytes_needed(const attn::Shape& shape) {
   std::size_t bytes = 0;
-  with_head_dim(shape.head_dim, [&](auto head_dim) { bytes = kSharedBytes<head_dim()>; });
+  TileTable::with_shape(shape.head_dim, [&](auto tiles) { bytes = kSharedBytes<decltype(tiles)::kHeadDim>; });
   return bytes;
 }
 
 // The tiles along N, for the tests (step.hpp): a block's query rows and a warpgroup's, a K/V tile.
 attn::TileSizes tile_sizes(int head_dim) {
   attn::TileSizes sizes;
-  with_head_dim(head_dim, [&](auto d) { sizes = {{Tiles<d()>::kBlockM, 64}, {Tiles<d()>::kBlockN}}; });
+  TileTable::with_shape(head_dim, [&](auto tiles) {
+    using T = decltype(tiles);
+    sizes = {{T::kBlockM, 64}, {T::kBlockN}};
+  });
   return sizes;
 }
 
@@ -314,7 +313,7 @@ attn::TileSizes tile_sizes(int head_dim) {
 
 ATTN_REGISTER_STEP(attn::StepInfo{ATTN_STEP_ID,
                                   "TMA + wgmma: the copy engine and asynchronous tensor cores",
-                                  {64, 128}, 90, 90, shared_bytes_needed, launch_tma_wgmma,
+                                  TileTable::head_dims(), 90, 90, shared_bytes_needed, launch_tma_wgmma,
                                   nullptr, attn::StepKind::step, /*takes_strides=*/true,
                                   hopper::kPipelineReport, /*writes_log_sum_exp=*/true}
                        .with_tiles(tile_sizes))

@@ -38,6 +38,7 @@
 #include <string>
 
 #include "cuda_check.hpp"
+#include "dispatch.hpp"
 #include "element_type.hpp"
 #include "hopper/hopper.cuh"
 #include "step.hpp"
@@ -478,11 +479,11 @@ void launch_for(const attn::AttentionArgs& args) {
   // Q in work tiles of rows, K and V in tiles of keys, O in a consumer's 64 rows (views too).
   const hopper::AttentionMaps maps =
       hopper::attention_maps<T::kSwizzle>(args, T::kBlockM, T::kBlockN, 64);
-  const bool lse = args.log_sum_exp != nullptr, masked = args.key_padding_mask != nullptr;
-  auto kernel = lse ? (masked ? warp_specialized_attention_kernel<T, true, Element, true>
-                              : warp_specialized_attention_kernel<T, true, Element, false>)
-                    : (masked ? warp_specialized_attention_kernel<T, false, Element, true>
-                              : warp_specialized_attention_kernel<T, false, Element, false>);
+  auto kernel = attn::with_flags(
+      [](auto lse, auto masked) {
+        return warp_specialized_attention_kernel<T, decltype(lse)::value, Element, decltype(masked)::value>;
+      },
+      args.log_sum_exp != nullptr, args.key_padding_mask != nullptr);
   CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                   int(kSharedBytes<T>)));
   int device = 0, sm_count = 0;
@@ -523,22 +524,13 @@ void launch_for(const attn::AttentionArgs& args) {
 #define ATTN_V8_TILES_D128 160, 2, 1
 #endif
 
-// Calls body(Tiles<...>) with the tile shape of this head dim.
-template <typename Body>
-void with_tile_shape(int64_t head_dim, Body&& body) {
-  switch (head_dim) {
-    case 32: return body(Tiles<32, ATTN_V8_TILES_D32>{});
-    case 64: return body(Tiles<64, ATTN_V8_TILES_D64>{});
-    case 80: return body(Tiles<80, ATTN_V8_TILES_D80>{});
-    case 96: return body(Tiles<96, ATTN_V8_TILES_D96>{});
-    case 128: return body(Tiles<128, ATTN_V8_TILES_D128>{});
-    default:  // the registration's head dims are these: the harness refuses any other first
-      throw std::logic_error("v8 has no tile shape for head dim " + std::to_string(head_dim));
-  }
-}
+// The step's one list of them: the registration's head dims, the launch and the shared memory.
+using TileTable = attn::TileTable<Tiles<32, ATTN_V8_TILES_D32>, Tiles<64, ATTN_V8_TILES_D64>,
+                                  Tiles<80, ATTN_V8_TILES_D80>, Tiles<96, ATTN_V8_TILES_D96>,
+                                  Tiles<128, ATTN_V8_TILES_D128>>;
 
 void launch_warp_specialized(const attn::AttentionArgs& args) {
-  with_tile_shape(args.head_dim, [&](auto tiles) {
+  TileTable::with_shape(args.head_dim, [&](auto tiles) {
     attn::with_element_type(args.dtype, [&](auto element) {
       launch_for<decltype(element), decltype(tiles)>(args);
     });
@@ -548,7 +540,7 @@ void launch_warp_specialized(const attn::AttentionArgs& args) {
 // Independent of N: two Q buffers, the O staging tile, the K and V stages.
 std::size_t shared_bytes_needed(const attn::Shape& shape) {
   std::size_t bytes = 0;
-  with_tile_shape(shape.head_dim, [&](auto tiles) { bytes = kSharedBytes<decltype(tiles)>; });
+  TileTable::with_shape(shape.head_dim, [&](auto tiles) { bytes = kSharedBytes<decltype(tiles)>; });
   return bytes;
 }
 
@@ -556,7 +548,7 @@ std::size_t shared_bytes_needed(const attn::Shape& shape) {
 // tile.
 attn::TileSizes tile_sizes(int head_dim) {
   attn::TileSizes sizes;
-  with_tile_shape(head_dim, [&](auto tiles) {
+  TileTable::with_shape(head_dim, [&](auto tiles) {
     using T = decltype(tiles);
     sizes = {{T::kBlockM, 64}, {T::kBlockN}};
   });
@@ -567,7 +559,7 @@ attn::TileSizes tile_sizes(int head_dim) {
 
 ATTN_REGISTER_STEP(attn::StepInfo{ATTN_STEP_ID,
                                   "warp specialized: TMA producer, 2 wgmma consumers, overlap",
-                                  {32, 64, 80, 96, 128}, 90, 90, shared_bytes_needed,
+                                  TileTable::head_dims(), 90, 90, shared_bytes_needed,
                                   launch_warp_specialized,
                                   nullptr, attn::StepKind::step, /*takes_strides=*/true,
                                   hopper::kPipelineReport, /*writes_log_sum_exp=*/true,

@@ -30,6 +30,7 @@
 #include <string>
 
 #include "cuda_check.hpp"
+#include "dispatch.hpp"
 #include "element_type.hpp"
 #include "step.hpp"
 #include "ampere/fragment_math.cuh"
@@ -526,8 +527,9 @@ void launch_for(const attn::BackwardArgs& args) {
       o, d_o, row_dot, rows, kHeadDim);
   CUDA_CHECK_LAUNCH();
 
-  auto kernel = args.deterministic ? flash_backward_kernel<Element, kHeadDim, T::kWarps, false>
-                                   : flash_backward_kernel<Element, kHeadDim, T::kWarps, true>;
+  auto kernel = attn::with_flags(  // dQ by atomics unless the run must be deterministic
+      [](auto atomic_dq) { return flash_backward_kernel<Element, kHeadDim, T::kWarps, decltype(atomic_dq)::value>; },
+      !args.deterministic);
   CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                   int(T::kSharedBytes)));
   const int key_tiles = (args.tokens + T::kBlockN - 1) / T::kBlockN;
@@ -563,19 +565,11 @@ void launch_for(const attn::BackwardArgs& args) {
 #define ATTN_V9_WARPS_D128 8
 #endif
 
-// Calls body(Tiles<...>) with the tile shape of this head dim.
-template <typename Body>
-void with_tile_shape(int64_t head_dim, Body&& body) {
-  switch (head_dim) {
-    case 64: return body(Tiles<64, ATTN_V9_WARPS_D64>{});
-    case 128: return body(Tiles<128, ATTN_V9_WARPS_D128>{});
-    default:  // the registration's head dims are these: the harness refuses any other first
-      throw std::logic_error("v9 has no tile shape for head dim " + std::to_string(head_dim));
-  }
-}
+// The step's one list of them: the registration's head dims, the launch and the shared memory.
+using TileTable = attn::TileTable<Tiles<64, ATTN_V9_WARPS_D64>, Tiles<128, ATTN_V9_WARPS_D128>>;
 
 void launch_flash_backward(const attn::BackwardArgs& args) {
-  with_tile_shape(args.head_dim, [&](auto tiles) {
+  TileTable::with_shape(args.head_dim, [&](auto tiles) {
     attn::with_element_type(args.dtype, [&](auto element) {
       launch_for<decltype(element), decltype(tiles)>(args);
     });
@@ -586,7 +580,7 @@ void launch_flash_backward(const attn::BackwardArgs& args) {
 // needs less).
 std::size_t shared_bytes_needed(const attn::Shape& shape) {
   std::size_t bytes = 0;
-  with_tile_shape(shape.head_dim, [&](auto tiles) { bytes = decltype(tiles)::kSharedBytes; });
+  TileTable::with_shape(shape.head_dim, [&](auto tiles) { bytes = decltype(tiles)::kSharedBytes; });
   return bytes;
 }
 
@@ -594,7 +588,7 @@ std::size_t shared_bytes_needed(const attn::Shape& shape) {
 // dQ pass; a block's keys, a warp's 16, the dQ pass's K/V tile.
 attn::TileSizes tile_sizes(int head_dim) {
   attn::TileSizes sizes;
-  with_tile_shape(head_dim, [&](auto tiles) {
+  TileTable::with_shape(head_dim, [&](auto tiles) {
     using T = decltype(tiles);
     using D = DqTiles<T::kHeadDim>;
     sizes = {{T::kBlockM, D::kBlockM}, {T::kBlockN, 16, D::kBlockN}};
@@ -607,7 +601,7 @@ attn::TileSizes tile_sizes(int head_dim) {
 ATTN_REGISTER_STEP(attn::StepInfo{ATTN_STEP_ID,
                                   "flash backward: P rebuilt from L, dK and dV per K/V tile, "
                                   "dQ by atomics (or a pass of its own)",
-                                  {64, 128}, 80, 0, shared_bytes_needed,
+                                  TileTable::head_dims(), 80, 0, shared_bytes_needed,
                                   /*launch=*/nullptr, workspace_bytes_needed,
                                   attn::StepKind::backward, /*takes_strides=*/false,
                                   /*pipeline_report=*/nullptr, /*writes_log_sum_exp=*/false,
