@@ -30,6 +30,7 @@
 #include "cuda_check.hpp"
 #include "step.hpp"
 #include "ampere/fragment_math.cuh"
+#include "hopper/wgmma.cuh"
 
 namespace hopper {
 
@@ -259,339 +260,34 @@ __device__ __forceinline__ void claim_registers() {
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegisters));
 }
 
-// ---- The wgmma instructions, one overload per accumulator length ---------------------------------
-// Each is a template on the element type of A and B, __half (the default) or __nv_bfloat16: the
-// instruction names its types (.f16.f16 or .bf16.bf16) and nothing else changes, so its asm
-// statement is written once, as the macro HOPPER_WGMMA(TYPES), and HOPPER_WGMMA_FOR picks the
-// types.
-#define HOPPER_WGMMA_FOR(Element)                          \
-  if constexpr (std::is_same_v<Element, __nv_bfloat16>) { \
-    HOPPER_WGMMA(".bf16.bf16");                            \
-  } else {                                                 \
-    static_assert(std::is_same_v<Element, __half>);        \
-    HOPPER_WGMMA(".f16.f16");                              \
-  }
-// The N of the SS (shared x shared) overloads below: a tile of keys must be one of these.
-constexpr bool has_wgmma_ss(int n) {
-  return n == 32 || n == 64 || n == 128 || n == 144 || n == 160 || n == 176 || n == 192 ||
-         n == 208;
-}
-
+// ---- The wgmma instructions: one template over N ---------------------------------------------
 // A warpgroup's 64 x N fp32 accumulator is N/2 registers per thread. Thread t (warp w = t / 32 of
 // the group, lane l) holds, for each 8-column block i, d[4i + 0, 1] = row 16w + l/4, columns
 // 8i + 2(l%4) + {0, 1}, and d[4i + 2, 3] the same columns of row 16w + l/4 + 8: the layout of
-// mma.sync's m16n8 accumulator, one per warp. PTX names every accumulator register, so the
-// operand lists are long; the array's length picks the instruction. `accumulate` false means
-// D = A * B (the old contents are ignored), true means D += A * B.
-// D[64 x 32] and D[64 x 64] (+)= A * B, both operands in shared memory, K-major (kMNMajor false:
-// A * B^T, as the wider overloads below) or both MN-major (true: imm-trans-a and imm-trans-b, as
-// v10's dQ = dS K reads dS^T and K from tiles whose rows are the k dimension).
-template <typename Element = __half, bool kMNMajor = false>
-__device__ __forceinline__ void wgmma_ss(float (&d)[16], uint64_t a, uint64_t b, bool accumulate) {
-#define HOPPER_WGMMA(TYPES)                                                                                      \
-  asm volatile(                                                                                                  \
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"                                                               \
-      "wgmma.mma_async.sync.aligned.m64n32k16.f32" TYPES " {"                                                    \
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"                                     \
-      "}, %16, %17, p, 1, 1, %19, %19;\n}\n"                                                                     \
-      :                                                                                                          \
-        "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),          \
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])     \
-      : "l"(a), "l"(b), "r"(int(accumulate)), "n"(int(kMNMajor)))
-  HOPPER_WGMMA_FOR(Element);
-#undef HOPPER_WGMMA
-}
-template <typename Element = __half, bool kMNMajor = false>
-__device__ __forceinline__ void wgmma_ss(float (&d)[32], uint64_t a, uint64_t b, bool accumulate) {
-#define HOPPER_WGMMA(TYPES)                                                                                      \
-  asm volatile(                                                                                                  \
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"                                                               \
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32" TYPES " {"                                                    \
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "                                   \
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"                           \
-      "}, %32, %33, p, 1, 1, %35, %35;\n}\n"                                                                     \
-      :                                                                                                          \
-        "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),          \
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),    \
-        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),  \
-        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])   \
-      : "l"(a), "l"(b), "r"(int(accumulate)), "n"(int(kMNMajor)))
-  HOPPER_WGMMA_FOR(Element);
-#undef HOPPER_WGMMA
+// mma.sync's m16n8 accumulator, one per warp. PTX names every accumulator register, so each N has
+// its asm statement written out, in wgmma.cuh, which scripts/gen_wgmma.py generates for N = 16,
+// 32, ..., 256; the array's length picks it. `accumulate` false means D = A * B (the old contents
+// are ignored), true means D += A * B.
+
+// The N a wgmma below takes: a tile of keys or a head dim must be one of these.
+constexpr bool has_wgmma(int n) { return wgmma_shapes::generated(n); }
+
+// D[64 x N] (+)= A * B, both operands in shared memory, N = 2 x the accumulator's length. K-major
+// (kMNMajor false: A * B^T, as S = Q K^T reads Q and K) or both MN-major (true: imm-trans-a and
+// imm-trans-b, as v10's dQ = dS K reads dS^T and K from tiles whose rows are the k dimension).
+template <typename Element = __half, bool kMNMajor = false, int kRegisters>
+__device__ __forceinline__ void wgmma_ss(float (&d)[kRegisters], uint64_t a, uint64_t b, bool accumulate) {
+  static_assert(has_wgmma(2 * kRegisters), "no wgmma of this N: add it in scripts/gen_wgmma.py");
+  wgmma_shapes::Shape<2 * kRegisters>::template ss<Element, kMNMajor, kMNMajor>(d, a, b, accumulate);
 }
 
-// D[64 x 128] (+)= A * B^T, A and B K-major in shared memory: m64n128k16.
-template <typename Element = __half>
-__device__ __forceinline__ void wgmma_ss(float (&d)[64], uint64_t a, uint64_t b, bool accumulate) {
-#define HOPPER_WGMMA(TYPES)                                                                                      \
-  asm volatile(                                                                                                  \
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"                                                               \
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32" TYPES " {"                                                   \
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "                                   \
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "                         \
-      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "                         \
-      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"                           \
-      "}, %64, %65, p, 1, 1, 0, 0;\n}\n"                                                                         \
-      :                                                                                                          \
-        "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),          \
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),    \
-        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),  \
-        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),  \
-        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),  \
-        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),  \
-        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),  \
-        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])   \
-      : "l"(a), "l"(b), "r"(int(accumulate)))
-  HOPPER_WGMMA_FOR(Element);
-#undef HOPPER_WGMMA
-}
-
-// D[64 x 144] (+)= A * B^T, A and B K-major in shared memory: m64n144k16.
-template <typename Element = __half>
-__device__ __forceinline__ void wgmma_ss(float (&d)[72], uint64_t a, uint64_t b, bool accumulate) {
-#define HOPPER_WGMMA(TYPES)                                                                                      \
-  asm volatile(                                                                                                  \
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %74, 0;\n"                                                               \
-      "wgmma.mma_async.sync.aligned.m64n144k16.f32" TYPES " {"                                                   \
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "                                   \
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "                         \
-      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "                         \
-      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "                         \
-      "%64, %65, %66, %67, %68, %69, %70, %71"                                                                   \
-      "}, %72, %73, p, 1, 1, 0, 0;\n}\n"                                                                         \
-      :                                                                                                          \
-        "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),          \
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),    \
-        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),  \
-        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),  \
-        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),  \
-        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),  \
-        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),  \
-        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),  \
-        "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71])   \
-      : "l"(a), "l"(b), "r"(int(accumulate)))
-  HOPPER_WGMMA_FOR(Element);
-#undef HOPPER_WGMMA
-}
-
-// D[64 x 160] (+)= A * B^T, A and B K-major in shared memory: m64n160k16.
-template <typename Element = __half>
-__device__ __forceinline__ void wgmma_ss(float (&d)[80], uint64_t a, uint64_t b, bool accumulate) {
-#define HOPPER_WGMMA(TYPES)                                                                                      \
-  asm volatile(                                                                                                  \
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %82, 0;\n"                                                               \
-      "wgmma.mma_async.sync.aligned.m64n160k16.f32" TYPES " {"                                                   \
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "                                   \
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "                         \
-      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "                         \
-      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "                         \
-      "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79"                           \
-      "}, %80, %81, p, 1, 1, 0, 0;\n}\n"                                                                         \
-      :                                                                                                          \
-        "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),          \
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),    \
-        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),  \
-        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),  \
-        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),  \
-        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),  \
-        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),  \
-        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),  \
-        "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),  \
-        "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79])   \
-      : "l"(a), "l"(b), "r"(int(accumulate)))
-  HOPPER_WGMMA_FOR(Element);
-#undef HOPPER_WGMMA
-}
-
-// D[64 x 176] (+)= A * B^T, A and B K-major in shared memory: m64n176k16.
-template <typename Element = __half>
-__device__ __forceinline__ void wgmma_ss(float (&d)[88], uint64_t a, uint64_t b, bool accumulate) {
-#define HOPPER_WGMMA(TYPES)                                                                                      \
-  asm volatile(                                                                                                  \
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %90, 0;\n"                                                               \
-      "wgmma.mma_async.sync.aligned.m64n176k16.f32" TYPES " {"                                                   \
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "                                   \
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "                         \
-      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "                         \
-      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "                         \
-      "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "                         \
-      "%80, %81, %82, %83, %84, %85, %86, %87"                                                                   \
-      "}, %88, %89, p, 1, 1, 0, 0;\n}\n"                                                                         \
-      :                                                                                                          \
-        "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),          \
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),    \
-        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),  \
-        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),  \
-        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),  \
-        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),  \
-        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),  \
-        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),  \
-        "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),  \
-        "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),  \
-        "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87])   \
-      : "l"(a), "l"(b), "r"(int(accumulate)))
-  HOPPER_WGMMA_FOR(Element);
-#undef HOPPER_WGMMA
-}
-
-// D[64 x 192] (+)= A * B^T, A and B K-major in shared memory: m64n192k16.
-template <typename Element = __half>
-__device__ __forceinline__ void wgmma_ss(float (&d)[96], uint64_t a, uint64_t b, bool accumulate) {
-#define HOPPER_WGMMA(TYPES)                                                                                      \
-  asm volatile(                                                                                                  \
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %98, 0;\n"                                                               \
-      "wgmma.mma_async.sync.aligned.m64n192k16.f32" TYPES " {"                                                   \
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "                                   \
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "                         \
-      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "                         \
-      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "                         \
-      "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "                         \
-      "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95"                           \
-      "}, %96, %97, p, 1, 1, 0, 0;\n}\n"                                                                         \
-      :                                                                                                          \
-        "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),          \
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),    \
-        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),  \
-        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),  \
-        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),  \
-        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),  \
-        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),  \
-        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),  \
-        "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),  \
-        "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),  \
-        "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),  \
-        "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95])   \
-      : "l"(a), "l"(b), "r"(int(accumulate)))
-  HOPPER_WGMMA_FOR(Element);
-#undef HOPPER_WGMMA
-}
-
-// D[64 x 208] (+)= A * B^T, A and B K-major in shared memory: m64n208k16.
-template <typename Element = __half>
-__device__ __forceinline__ void wgmma_ss(float (&d)[104], uint64_t a, uint64_t b, bool accumulate) {
-#define HOPPER_WGMMA(TYPES)                                                                                         \
-  asm volatile(                                                                                                     \
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %106, 0;\n"                                                                 \
-      "wgmma.mma_async.sync.aligned.m64n208k16.f32" TYPES " {"                                                      \
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "                                      \
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "                            \
-      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "                            \
-      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "                            \
-      "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "                            \
-      "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "                            \
-      "%96, %97, %98, %99, %100, %101, %102, %103"                                                                  \
-      "}, %104, %105, p, 1, 1, 0, 0;\n}\n"                                                                          \
-      :                                                                                                             \
-        "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),             \
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),       \
-        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),     \
-        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),     \
-        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),     \
-        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),     \
-        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),     \
-        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),     \
-        "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),     \
-        "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),     \
-        "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),     \
-        "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),     \
-        "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103])  \
-      : "l"(a), "l"(b), "r"(int(accumulate)))
-  HOPPER_WGMMA_FOR(Element);
-#undef HOPPER_WGMMA
-}
-
-// D[64 x 32] (+)= A * B, A in registers (the m16n8k16 A layout per warp), B MN-major in
-// shared memory (transposed: imm-trans-b = 1): m64n32k16.
-template <typename Element = __half>
-__device__ __forceinline__ void wgmma_rs(float (&d)[16], const uint32_t (&a)[4], uint64_t b,
+// D[64 x N] (+)= A * B, A in registers (the m16n8k16 A layout per warp, as P is packed), B
+// MN-major in shared memory (imm-trans-b = 1: V's rows, the keys, are the k dimension).
+template <typename Element = __half, int kRegisters>
+__device__ __forceinline__ void wgmma_rs(float (&d)[kRegisters], const uint32_t (&a)[4], uint64_t b,
                                          bool accumulate) {
-#define HOPPER_WGMMA(TYPES)                                                                                   \
-  asm volatile(                                                                                               \
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"                                                            \
-      "wgmma.mma_async.sync.aligned.m64n32k16.f32" TYPES " {"                                                 \
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"                                  \
-      "}, {%16, %17, %18, %19}, %20, p, 1, 1, 1;\n}\n"                                                        \
-      :                                                                                                       \
-        "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),       \
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])  \
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(int(accumulate)))
-  HOPPER_WGMMA_FOR(Element);
-#undef HOPPER_WGMMA
-}
-
-// D[64 x 64] (+)= A * B, A in registers (the m16n8k16 A layout per warp), B MN-major in
-// shared memory (transposed: imm-trans-b = 1): m64n64k16.
-template <typename Element = __half>
-__device__ __forceinline__ void wgmma_rs(float (&d)[32], const uint32_t (&a)[4], uint64_t b,
-                                         bool accumulate) {
-#define HOPPER_WGMMA(TYPES)                                                                                      \
-  asm volatile(                                                                                                  \
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"                                                               \
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32" TYPES " {"                                                    \
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "                                   \
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"                           \
-      "}, {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"                                                           \
-      :                                                                                                          \
-        "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),          \
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),    \
-        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),  \
-        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])   \
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(int(accumulate)))
-  HOPPER_WGMMA_FOR(Element);
-#undef HOPPER_WGMMA
-}
-
-// D[64 x 96] (+)= A * B, A in registers (the m16n8k16 A layout per warp), B MN-major in
-// shared memory (transposed: imm-trans-b = 1): m64n96k16.
-template <typename Element = __half>
-__device__ __forceinline__ void wgmma_rs(float (&d)[48], const uint32_t (&a)[4], uint64_t b,
-                                         bool accumulate) {
-#define HOPPER_WGMMA(TYPES)                                                                                      \
-  asm volatile(                                                                                                  \
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %53, 0;\n"                                                               \
-      "wgmma.mma_async.sync.aligned.m64n96k16.f32" TYPES " {"                                                    \
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "                                   \
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "                         \
-      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47"                           \
-      "}, {%48, %49, %50, %51}, %52, p, 1, 1, 1;\n}\n"                                                           \
-      :                                                                                                          \
-        "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),          \
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),    \
-        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),  \
-        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),  \
-        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),  \
-        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47])   \
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(int(accumulate)))
-  HOPPER_WGMMA_FOR(Element);
-#undef HOPPER_WGMMA
-}
-
-// D[64 x 128] (+)= A * B, A in registers (the m16n8k16 A layout per warp), B MN-major in
-// shared memory (transposed: imm-trans-b = 1): m64n128k16.
-template <typename Element = __half>
-__device__ __forceinline__ void wgmma_rs(float (&d)[64], const uint32_t (&a)[4], uint64_t b,
-                                         bool accumulate) {
-#define HOPPER_WGMMA(TYPES)                                                                                      \
-  asm volatile(                                                                                                  \
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"                                                               \
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32" TYPES " {"                                                   \
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "                                   \
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "                         \
-      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "                         \
-      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"                           \
-      "}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"                                                           \
-      :                                                                                                          \
-        "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),          \
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),    \
-        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),  \
-        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),  \
-        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),  \
-        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),  \
-        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),  \
-        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])   \
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(int(accumulate)))
-  HOPPER_WGMMA_FOR(Element);
-#undef HOPPER_WGMMA
+  static_assert(has_wgmma(2 * kRegisters), "no wgmma of this N: add it in scripts/gen_wgmma.py");
+  wgmma_shapes::Shape<2 * kRegisters>::template rs<Element, 1>(d, a, b, accumulate);
 }
 
 }  // namespace hopper

@@ -77,7 +77,7 @@ struct Tiles {
   static constexpr uint32_t kElementBytes = 2;  // fp16 or bf16
   static constexpr uint32_t kQBytes = kBlockM * kTileColumns * kElementBytes;  // whole boxes,
   static constexpr uint32_t kKVBytes = kBlockN * kTileColumns * kElementBytes;  // zeros included
-  static_assert(hopper::has_wgmma_ss(kBlockN), "a key tile that ptx.cuh has a wgmma_ss for");
+  static_assert(hopper::has_wgmma(kBlockN), "a key tile that ptx.cuh has a wgmma for");
   static_assert(kQBytes % 1024 == 0 && kKVBytes % 1024 == 0, "tiles keep 1024-byte alignment");
 };
 
