@@ -124,6 +124,49 @@ __device__ __forceinline__ WorkTile work_tile(int index, int row_tiles, int head
   return {slice % heads, slice / heads, (index % row_tiles) * block_m};
 }
 
+// The producer: one thread issues every copy, Q once per work tile, then K and V of its K/V
+// tiles, walking the same work tiles as the consumers.
+template <typename T, typename Element>
+__device__ __forceinline__ void produce(SharedStorage<T, Element>& smem,
+                                        hopper::Ring<T::kQBuffers>& q_ring,
+                                        hopper::Ring<T::kStages>& k_ring,
+                                        hopper::Ring<T::kStages>& v_ring, const CUtensorMap& q_map,
+                                        const CUtensorMap& k_map, const CUtensorMap& v_map,
+                                        int heads, int row_tiles, int work_tiles, int kv_tiles) {
+  constexpr int kTileColumns = T::kTileColumns, kBlockN = T::kBlockN, kStages = T::kStages;
+  constexpr int kSwizzleColumns = T::kSwizzleColumns;
+  // Rows [kv_tile * kBlockN, ...) of K or V into the buffer of this use of the ring.
+  auto load = [&](hopper::Ring<kStages>& ring, Element (*tiles)[kBlockN * kTileColumns],
+                  const CUtensorMap* map, int use, int kv_tile, const WorkTile& tile) {
+    ring.wait_empty(use);
+    uint64_t* full = ring.arm(use, T::kKVBytes);
+    for (int c = 0; c < T::kColumnBlocks; ++c) {
+      hopper::tma_load(tiles[ring.slot(use)] + c * kBlockN * kSwizzleColumns, map, full,
+                       c * kSwizzleColumns, kv_tile * kBlockN, tile.head, tile.batch);
+    }
+  };
+  int kv_use = 0;
+  for (int index = blockIdx.x, q_use = 0; index < work_tiles; index += gridDim.x, ++q_use) {
+    const WorkTile tile = work_tile(index, row_tiles, heads, T::kBlockM);
+    // BEGIN EXERCISE: load the work tile's Q, then K and V of its K/V tiles, last tile first
+    q_ring.wait_empty(q_use);
+    uint64_t* q_full = q_ring.arm(q_use, T::kQBytes);
+    for (int c = 0; c < T::kColumnBlocks; ++c) {
+      hopper::tma_load(smem.q[q_ring.slot(q_use)] + c * T::kBlockM * kSwizzleColumns, &q_map,
+                       q_full, c * kSwizzleColumns, tile.row0, tile.head, tile.batch);
+    }
+    // Visit i (0 = the last K/V tile) uses K/V tile kv_tiles - 1 - i.
+    load(k_ring, smem.k, &k_map, kv_use, kv_tiles - 1, tile);
+    for (int i = 1; i < kv_tiles; ++i) {
+      load(k_ring, smem.k, &k_map, kv_use + i, kv_tiles - 1 - i, tile);
+      load(v_ring, smem.v, &v_map, kv_use + i - 1, kv_tiles - i, tile);
+    }
+    load(v_ring, smem.v, &v_map, kv_use + kv_tiles - 1, 0, tile);
+    kv_use += kv_tiles;
+    // END EXERCISE
+  }
+}
+
 // ---- The kernel -----------------------------------------------------------------------------
 
 // A thread of consumer c holds two rows of c's 64 (ptx.cuh gives the accumulator layout):
@@ -174,36 +217,8 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     // ---------------- Producer: one thread issues every copy ----------------
     hopper::release_registers<T::kProducerRegisters>();
     if (warp != 0 || lane != 0) return;
-    // Rows [kv_tile * kBlockN, ...) of K or V into the buffer of this use of the ring.
-    auto load = [&](hopper::Ring<kStages>& ring, Element (*tiles)[kBlockN * kTileColumns],
-                    const CUtensorMap* map, int use, int kv_tile, const WorkTile& tile) {
-      ring.wait_empty(use);
-      uint64_t* full = ring.arm(use, T::kKVBytes);
-      for (int c = 0; c < T::kColumnBlocks; ++c) {
-        hopper::tma_load(tiles[ring.slot(use)] + c * kBlockN * kSwizzleColumns, map, full,
-                         c * kSwizzleColumns, kv_tile * kBlockN, tile.head, tile.batch);
-      }
-    };
-    int kv_use = 0;
-    for (int index = blockIdx.x, q_use = 0; index < work_tiles; index += gridDim.x, ++q_use) {
-      const WorkTile tile = work_tile(index, row_tiles, heads, T::kBlockM);
-      // BEGIN EXERCISE: load the work tile's Q, then K and V of its K/V tiles, last tile first
-      q_ring.wait_empty(q_use);
-      uint64_t* q_full = q_ring.arm(q_use, T::kQBytes);
-      for (int c = 0; c < T::kColumnBlocks; ++c) {
-        hopper::tma_load(smem.q[q_ring.slot(q_use)] + c * T::kBlockM * kSwizzleColumns, &q_map,
-                         q_full, c * kSwizzleColumns, tile.row0, tile.head, tile.batch);
-      }
-      // Visit i (0 = the last K/V tile) uses K/V tile kv_tiles - 1 - i.
-      load(k_ring, smem.k, &k_map, kv_use, kv_tiles - 1, tile);
-      for (int i = 1; i < kv_tiles; ++i) {
-        load(k_ring, smem.k, &k_map, kv_use + i, kv_tiles - 1 - i, tile);
-        load(v_ring, smem.v, &v_map, kv_use + i - 1, kv_tiles - i, tile);
-      }
-      load(v_ring, smem.v, &v_map, kv_use + kv_tiles - 1, 0, tile);
-      kv_use += kv_tiles;
-      // END EXERCISE
-    }
+    produce<T, Element>(smem, q_ring, k_ring, v_ring, q_map, k_map, v_map, heads, row_tiles, work_tiles,
+                        kv_tiles);
     return;
   }
 
