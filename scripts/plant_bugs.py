@@ -183,11 +183,11 @@ BUGS = [
         rule="write-during-async-read"),
     # 3: an arrive or a release without the matching wait, on the path where a warp has no work.
     Bug("v8idlenofullwait", V8, "a consumer with no rows releases K stages without waiting for them",
-        [("        k_ring.wait_full(kv_use + i);\n        k_ring.release(kv_use + i, lane, groups);",
-          "        k_ring.release(kv_use + i, lane, groups);", 1)],
+        [("    k_ring.wait_full(kv_use + i);\n    k_ring.release(kv_use + i, lane, groups);",
+          "    k_ring.release(kv_use + i, lane, groups);", 1)],
         rule="arrive-without-wait"),
     Bug("v8idlenoturnwait", V8, "a consumer with no rows passes the ping-pong turn without waiting for it",
-        [("          turns.wait_for_turn();\n          turns.pass_turn();", "          turns.pass_turn();", 1)],
+        [("      turns.wait_for_turn();\n      turns.pass_turn();", "      turns.pass_turn();", 1)],
         rule="arrive-without-wait"),
     # 4: sizes that are exact multiples of a tile.
     Bug("v8lasttilemod", V8, "the last K/V tile's keys counted as N_k % tile (0 when N_k fills its tiles exactly)",

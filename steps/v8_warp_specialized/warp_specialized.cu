@@ -167,6 +167,64 @@ __device__ __forceinline__ void produce(SharedStorage<T, Element>& smem,
   }
 }
 
+// A consumer warpgroup whose 64 rows of a work tile all lie past N (the last tile of N = 1025,
+// say) only keeps the barrier counts: it waits for each stage to fill before releasing it, never
+// running ahead, and takes its turns without GEMMs.
+template <typename T>
+__device__ __forceinline__ void keep_counts(hopper::Ring<T::kQBuffers>& q_ring,
+                                            hopper::Ring<T::kStages>& k_ring,
+                                            hopper::Ring<T::kStages>& v_ring,
+                                            hopper::PingPong& turns, hopper::WgmmaGroups& groups,
+                                            int q_use, int kv_use, int kv_tiles, int lane) {
+  for (int i = 0; i < kv_tiles; ++i) {
+    k_ring.wait_full(kv_use + i);
+    k_ring.release(kv_use + i, lane, groups);
+    v_ring.wait_full(kv_use + i);
+    v_ring.release(kv_use + i, lane, groups);
+    if (i > 0) {
+      turns.wait_for_turn();
+      turns.pass_turn();
+    }
+  }
+  q_ring.wait_full(q_use);
+  q_ring.release(q_use, lane, groups);
+}
+
+// The online softmax of v6 and v7 on s_acc, in place: the new row maxima and sums, and in
+// `correction` the factor for O, applied once the P V in flight has finished. While it runs,
+// the other consumer's warps mostly wait on their wgmma, so each warp's own instruction-level
+// parallelism decides its speed: the maxima and sums are kept as kChains independent partial
+// results, not one chain in which every instruction waits for the one before.
+template <int kBlockN>
+__device__ __forceinline__ void online_softmax(float (&s_acc)[kBlockN / 2], float (&row_max)[2],
+                                               float (&row_sum)[2], float (&correction)[2],
+                                               float scale_log2) {
+  constexpr int kChains = 4;
+  for (int half = 0; half < 2; ++half) {
+    float maxima[kChains];
+    for (int c = 0; c < kChains; ++c) maxima[c] = row_max[half];
+    for (int i = 0; i < kBlockN / 8; ++i) {
+      maxima[i % kChains] = fmaxf(maxima[i % kChains],
+                                  fmaxf(s_acc[4 * i + 2 * half], s_acc[4 * i + 2 * half + 1]));
+    }
+    float tile_max = pairwise(maxima, [](float a, float b) { return fmaxf(a, b); });
+    tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
+    tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
+    const float max_scaled = tile_max * scale_log2;
+    correction[half] = hopper::fast_exp2(row_max[half] * scale_log2 - max_scaled);  // 0 at first
+    row_max[half] = tile_max;
+    float sums[kChains] = {};
+    for (int i = 0; i < kBlockN / 8; ++i) {
+      for (int e = 2 * half; e < 2 * half + 2; ++e) {
+        s_acc[4 * i + e] = hopper::fast_exp2(fmaf(s_acc[4 * i + e], scale_log2, -max_scaled));
+        sums[i % kChains] += s_acc[4 * i + e];
+      }
+    }
+    row_sum[half] = row_sum[half] * correction[half] +
+                    pairwise(sums, [](float a, float b) { return a + b; });
+  }
+}
+
 // ---- The kernel -----------------------------------------------------------------------------
 
 // A thread of consumer c holds two rows of c's 64 (ptx.cuh gives the accumulator layout):
@@ -238,23 +296,10 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     const WorkTile tile = work_tile(index, row_tiles, heads, T::kBlockM);
     const int my_row0 = tile.row0 + consumer * 64;
 
-    // A warpgroup whose 64 rows all lie past N (the last tile of N = 1025, say) only keeps the
-    // barrier counts: it waits for each stage to fill before releasing it, never running ahead,
-    // and takes its turns without GEMMs.
+    // A warpgroup with no rows before N in this work tile only keeps the barrier counts.
     if (my_row0 >= tokens) {
-      for (int i = 0; i < kv_tiles; ++i) {
-        k_ring.wait_full(kv_use + i);
-        k_ring.release(kv_use + i, lane, groups);
-        v_ring.wait_full(kv_use + i);
-        v_ring.release(kv_use + i, lane, groups);
-        if (i > 0) {
-          turns.wait_for_turn();
-          turns.pass_turn();
-        }
-      }
+      keep_counts<T>(q_ring, k_ring, v_ring, turns, groups, q_use, kv_use, kv_tiles, lane);
       kv_use += kv_tiles;
-      q_ring.wait_full(q_use);
-      q_ring.release(q_use, lane, groups);
       continue;
     }
 
@@ -293,37 +338,6 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       groups.wait<0>();
       hopper::fence_registers(o_acc);
       for (int step = 0; step < T::kKeySteps; ++step) hopper::fence_registers(p_fragments[step]);
-    };
-    // The online softmax of v6 and v7 on s_acc, in place: the new row maxima and sums, and in
-    // `correction` the factor for O, applied once the P V in flight has finished. While it runs,
-    // the other consumer's warps mostly wait on their wgmma, so each warp's own instruction-level
-    // parallelism decides its speed: the maxima and sums are kept as kChains independent partial
-    // results, not one chain in which every instruction waits for the one before.
-    auto softmax = [&]() {
-      constexpr int kChains = 4;
-      for (int half = 0; half < 2; ++half) {
-        float maxima[kChains];
-        for (int c = 0; c < kChains; ++c) maxima[c] = row_max[half];
-        for (int i = 0; i < kBlockN / 8; ++i) {
-          maxima[i % kChains] = fmaxf(maxima[i % kChains],
-                                      fmaxf(s_acc[4 * i + 2 * half], s_acc[4 * i + 2 * half + 1]));
-        }
-        float tile_max = pairwise(maxima, [](float a, float b) { return fmaxf(a, b); });
-        tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
-        tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
-        const float max_scaled = tile_max * scale_log2;
-        correction[half] = hopper::fast_exp2(row_max[half] * scale_log2 - max_scaled);  // 0 at first
-        row_max[half] = tile_max;
-        float sums[kChains] = {};
-        for (int i = 0; i < kBlockN / 8; ++i) {
-          for (int e = 2 * half; e < 2 * half + 2; ++e) {
-            s_acc[4 * i + e] = hopper::fast_exp2(fmaf(s_acc[4 * i + e], scale_log2, -max_scaled));
-            sums[i % kChains] += s_acc[4 * i + e];
-          }
-        }
-        row_sum[half] = row_sum[half] * correction[half] +
-                        pairwise(sums, [](float a, float b) { return a + b; });
-      }
     };
     // The mask (kMasked) of K/V tile kv_tile, one bit per key (bit j of word w: key 32 w + j),
     // the same in every lane of the warp: each lane reads one key in 32 (a warp's loads are 32
@@ -404,7 +418,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     }
     mask_padding(vote_padding(fetched, kv_tiles - 1));
     if (kv_tiles > 1) fetched = fetch_padding(kv_tiles - 2);
-    softmax();  // O is still zero: nothing to correct
+    online_softmax<kBlockN>(s_acc, row_max, row_sum, correction, scale_log2);  // O is still zero
     pack_probabilities();
 
     // Every other visit, to full tiles: its S = Q K^T and the previous visit's P V go to the
@@ -422,7 +436,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       k_ring.release(kv_use + i, lane, groups);
       mask_padding(vote_padding(fetched, kv_tiles - 1 - i));
       if (i + 1 < kv_tiles) fetched = fetch_padding(kv_tiles - 2 - i);
-      softmax();
+      online_softmax<kBlockN>(s_acc, row_max, row_sum, correction, scale_log2);
       await_output();  // now the V buffer is free, and O and P may change
       v_ring.release(kv_use + i - 1, lane, groups);
       for (int half = 0; half < 2; ++half) {
