@@ -71,7 +71,7 @@ std::string step_usage(const std::string& program) {
          " [--tokens N | --image PX [--patch P]] [--batch B] [--heads H] [--head-dim D]\n"
          "       [--kv-tokens N_k] [--key-padding] [--dtype fp16|bf16] [--iters I] [--warmup W]\n"
          "       [--seed S] [--check sample|full|none] [--format text|json|csv] [--device K]\n"
-         "       [--no-ceilings] [--deterministic]\n"
+         "       [--no-ceilings] [--deterministic] [--causal [--causal-align top-left|bottom-right]]\n"
          "\n"
          "Runs one attention step, O = softmax(Q K^T / sqrt(D)) V on fp16 [B, H, N, D] tensors,\n"
          "checks it against the fp64 CPU reference and reports its time.\n"
@@ -85,6 +85,10 @@ std::string step_usage(const std::string& program) {
          "                   many as the queries); the steps that serve it: 0, 6, 8\n"
          "  --key-padding    a [B, N_k] key-padding mask with the inputs (keys it marks get no\n"
          "                   weight; drawn as a DETR batch pads its images): steps 0, 6, 8\n"
+         "  --causal         a causal mask: query i sees key j only where j <= i (steps 0, 6, 8, 10)\n"
+         "  --causal-align A where the diagonal starts when N_k != N: top-left (default, as\n"
+         "                   PyTorch's is_causal) or bottom-right (j <= i + N_k - N, as\n"
+         "                   FlashAttention); with --causal\n"
          "  --dtype T        element type of Q, K, V and O: fp16 (default) or bf16, for the\n"
          "                   steps that take it (steps 6, 8, 9); the others refuse bf16\n"
          "  --iters I        timed runs (default: up to 50 within about 2 s)\n"
@@ -105,6 +109,7 @@ std::string step_usage(const std::string& program) {
 StepOptions parse_step_options(int argc, const char* const* argv) {
   StepOptions options;
   int64_t tokens = -1, image = -1, patch = -1;
+  Causal causal_align = Causal::none;  // --causal-align, applied once --causal is known
   for (int i = 1; i < argc; ++i) {
     const std::string flag = argv[i];
     if (flag == "-h" || flag == "--help") {
@@ -117,6 +122,10 @@ StepOptions parse_step_options(int argc, const char* const* argv) {
     }
     if (flag == "--deterministic") {
       options.deterministic = true;
+      continue;
+    }
+    if (flag == "--causal") {
+      if (options.shape.causal == Causal::none) options.shape.causal = Causal::top_left;
       continue;
     }
     if (flag == "--key-padding") {
@@ -157,6 +166,11 @@ StepOptions parse_step_options(int argc, const char* const* argv) {
       if (dtype == "fp16") options.shape.dtype = DType::fp16;
       else if (dtype == "bf16") options.shape.dtype = DType::bf16;
       else throw UsageError("--dtype: '" + dtype + "' is not one of fp16, bf16");
+    } else if (name == "--causal-align") {
+      const std::string& align = take_value();
+      if (align == "top-left") causal_align = Causal::top_left;
+      else if (align == "bottom-right") causal_align = Causal::bottom_right;
+      else throw UsageError("--causal-align: '" + align + "' is not one of top-left, bottom-right");
     } else if (name == "--iters") {
       options.iters = static_cast<int>(parse_integer(name, take_value(), 1, 1000000));
     } else if (name == "--warmup") {
@@ -180,6 +194,14 @@ StepOptions parse_step_options(int argc, const char* const* argv) {
   }
 
   if (patch != -1 && image == -1) throw UsageError("--patch: only meaningful with --image");
+  if (causal_align != Causal::none) {
+    if (options.shape.causal == Causal::none) throw UsageError("--causal-align: only meaningful with --causal");
+    options.shape.causal = causal_align;
+  }
+  if (options.shape.causal != Causal::none && options.format == Format::csv) {
+    throw UsageError("--format csv with --causal: the CSV schema (the bench's) has no mask "
+                     "column; use text or json");
+  }
   if (options.shape.dtype != DType::fp16 && options.format == Format::csv) {
     throw UsageError("--format csv with --dtype " + dtype_name(options.shape.dtype) +
                      ": the CSV schema (the bench's) has no dtype column; use text or json");

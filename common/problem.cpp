@@ -1,15 +1,42 @@
 #include "problem.hpp"
 
+#include <algorithm>
+
 namespace attn {
 
 std::string dtype_name(DType dtype) { return dtype == DType::bf16 ? "bf16" : "fp16"; }
+
+std::string causal_name(Causal causal) {
+  switch (causal) {
+    case Causal::top_left: return "top-left";
+    case Causal::bottom_right: return "bottom-right";
+    default: return "none";
+  }
+}
 
 // fp16 and self-attention, the defaults, are not named, so every existing line reads as before.
 std::string Shape::str() const {
   return "B=" + std::to_string(batch) + " H=" + std::to_string(heads) +
          " N=" + std::to_string(tokens) + (cross() ? " Nk=" + std::to_string(keys()) : "") +
          " D=" + std::to_string(head_dim) + (dtype == DType::fp16 ? "" : " " + dtype_name(dtype)) +
-         (key_padding ? " padded" : "");
+         (key_padding ? " padded" : "") +
+         (causal == Causal::none ? "" : causal == Causal::top_left ? " causal" : " causal-bottom-right");
+}
+
+double Shape::visible_pairs() const {
+  if (causal == Causal::none) return double(tokens) * double(keys());
+  // Query i sees min(N_k, max(0, i + diagonal + 1)) keys: a sum of three pieces, rows that see
+  // none, rows on the slope (an arithmetic series), rows that see all N_k.
+  const int64_t d = diagonal(), nk = keys();
+  const int64_t first_seeing = std::clamp<int64_t>(-d, 0, tokens);          // first with a key
+  const int64_t first_full = std::clamp<int64_t>(nk - 1 - d, first_seeing, tokens);  // with all
+  double pairs = 0.0;
+  if (first_full > first_seeing) {  // rows [first_seeing, first_full) see i + d + 1 keys each
+    const double a = double(first_seeing + d + 1), b = double(first_full - 1 + d + 1);
+    pairs += (a + b) * double(first_full - first_seeing) / 2.0;
+  }
+  pairs += double(tokens - first_full) * double(nk);
+  return pairs;
 }
 
 int64_t vit_tokens(int64_t image, int64_t patch) {

@@ -12,6 +12,18 @@ namespace attn {
 // narrow range (to 65504); bf16 keeps 8 bits in fp32's range, which is why training uses it.
 enum class DType { fp16, bf16 };
 std::string dtype_name(DType dtype);  // "fp16", "bf16": as --dtype takes it
+
+// Causal attention: query i sees key j only where j <= i + diagonal. Where the diagonal starts
+// is a convention: PyTorch's is_causal puts it at the top left (diagonal 0: query i sees keys
+// 0..i), FlashAttention at the bottom right (diagonal N_k - N: the last query sees every key).
+// With as many keys as queries the two agree. A query that sees no key (bottom right with
+// N > N_k) gets O = 0 and L = -inf, as a row whose keys are all padding.
+enum class Causal { none, top_left, bottom_right };
+std::string causal_name(Causal causal);  // "none", "top-left", "bottom-right": as --causal-align
+// The diagonal for N queries and N_k keys: the last key query i sees is i + diagonal.
+constexpr int64_t causal_diagonal(Causal causal, int64_t tokens, int64_t kv_tokens) {
+  return causal == Causal::bottom_right ? kv_tokens - tokens : 0;
+}
 // Its unit roundoff u: half the gap between 1 and the next number, 2^-11 and 2^-8.
 constexpr double unit_roundoff(DType dtype) { return dtype == DType::bf16 ? 0x1.0p-8 : 0x1.0p-11; }
 
@@ -19,7 +31,8 @@ constexpr double unit_roundoff(DType dtype) { return dtype == DType::bf16 ? 0x1.
 // kv_tokens says otherwise (cross-attention, as a DETR decoder's 100 queries attend to an image's
 // 1050 positions): then Q and O are [B, H, N, D] and K and V [B, H, N_k, D]. key_padding: a
 // [B, N_k] mask comes with the inputs, and the keys it marks get no weight (as PyTorch's
-// key_padding_mask: images of different sizes padded to one, their padding marked).
+// key_padding_mask: images of different sizes padded to one, their padding marked). causal: a
+// causal mask as well (Causal above), alone or with the padding.
 struct Shape {
   int64_t batch = 32;
   int64_t heads = 12;
@@ -28,14 +41,21 @@ struct Shape {
   DType dtype = DType::fp16;
   int64_t kv_tokens = 0;  // N_k; 0 means N
   bool key_padding = false;
+  Causal causal = Causal::none;
 
   int64_t keys() const { return kv_tokens > 0 ? kv_tokens : tokens; }  // N_k
   bool cross() const { return keys() != tokens; }
+  int64_t diagonal() const { return causal_diagonal(causal, tokens, keys()); }
+  // Whether query i sees key j under the causal mask (always, without one).
+  bool sees(int64_t i, int64_t j) const { return causal == Causal::none || j <= i + diagonal(); }
   int64_t slices() const { return batch * heads; }                 // independent (b, h) problems
   int64_t elements() const { return slices() * tokens * head_dim; }  // of Q or O
   int64_t kv_elements() const { return slices() * keys() * head_dim; }  // of K or V
-  // Two matrix products of N x N_k x D per slice, 2 FLOPs per multiply-add.
-  double flops() const { return 4.0 * double(slices()) * double(tokens) * double(keys()) * double(head_dim); }
+  // The (query, key) pairs of a slice whose score counts: N x N_k, or under a causal mask those
+  // on or below the diagonal (about half at N = N_k, as FlashAttention counts them).
+  double visible_pairs() const;
+  // Two matrix products over those pairs per slice, D multiply-adds each, 2 FLOPs per one.
+  double flops() const { return 4.0 * double(slices()) * visible_pairs() * double(head_dim); }
   // The fewest bytes any implementation must move: read Q, K, V and write O once, 2 bytes each.
   double min_bytes() const { return 2.0 * (2.0 * double(elements()) + 2.0 * double(kv_elements())); }
   std::string str() const;

@@ -150,6 +150,9 @@ void print_json(std::ostream& out, const Record& r) {
       << ", \"batch\": " << r.shape.batch << ", \"heads\": " << r.shape.heads
       << ", \"tokens\": " << r.shape.tokens << ", \"head_dim\": " << r.shape.head_dim
       << ", \"dtype\": " << json_string(dtype_name(r.shape.dtype))
+      << ", \"kv_tokens\": " << r.shape.keys()
+      << ", \"key_padding\": " << (r.shape.key_padding ? "true" : "false")
+      << ", \"causal\": " << json_string(causal_name(r.shape.causal))
       << ", \"flops\": " << json_number(r.flops())
       << ", \"min_bytes\": " << json_number(r.min_bytes())
       << ", \"median_us\": " << json_number(r.timing.median_us)

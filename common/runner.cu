@@ -230,6 +230,7 @@ BackwardRunResult run_backward_step(const StepInfo& step, const HostTensors& inp
   args.workspace = workspace.data();
   args.stream = stream;
   args.deterministic = config.deterministic;
+  args.causal = shape.causal;
   for (__half* gradient : {dq.data(), dk.data(), dv.data()}) {  // NaN: an unwritten element fails
     CUDA_CHECK(cudaMemsetAsync(gradient, 0xFF, count * sizeof(__half), stream));
   }

@@ -54,6 +54,9 @@ std::optional<std::string> StepInfo::refuses(const Shape& shape) const {
   if (shape.key_padding && !takes_key_padding_mask) {
     return id + " does not serve --key-padding (it takes no key-padding mask)";
   }
+  if (shape.causal != Causal::none && !takes_causal) {
+    return id + " does not serve --causal (it takes no causal mask)";
+  }
   if (shape.cross() && !takes_kv_tokens) {
     return id + " does not serve --kv-tokens " + std::to_string(shape.keys()) +
            " (it serves self-attention: as many keys as queries, " + std::to_string(shape.tokens) + ")";
@@ -83,7 +86,7 @@ std::optional<std::string> StepInfo::refuses(const Shape& shape, const DeviceLim
   const Shape probe{shape.batch, shape.heads, std::min(shape.tokens, kLargestTokensProbed),
                     shape.head_dim, shape.dtype,
                     shape.cross() ? std::min(shape.keys(), kLargestTokensProbed) : 0,
-                    shape.key_padding};
+                    shape.key_padding, shape.causal};
   const std::size_t needed = shared_bytes_for(probe);
   if (needed <= device.shared_bytes_per_block) return std::nullopt;
   const std::string needs = "it needs " + std::to_string(needed) +

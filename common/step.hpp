@@ -44,6 +44,9 @@ struct AttentionArgs {
   // [B, N_k] bytes, 1 where a key is padding and gets no weight, or nullptr (none), for a step
   // whose StepInfo says takes_key_padding_mask. A row with no key left: O = 0, L = -inf.
   const uint8_t* key_padding_mask = nullptr;
+  // A causal mask (problem.hpp), for a step whose StepInfo says takes_causal: query i sees key j
+  // only where j <= i + causal_diagonal(causal, tokens, kv_tokens).
+  Causal causal = Causal::none;
   // [B, H, N] fp32, or nullptr: each row's L = log(sum_j exp(s_j)) of its scaled scores
   // s = q K^T / sqrt(D), what a backward pass needs to rebuild P. Written by a step whose StepInfo
   // says writes_log_sum_exp when not null; the inference path leaves it null and pays nothing.
@@ -84,6 +87,7 @@ inline AttentionArgs attention_args(const Shape& shape, const __half* q, const _
   args.kv_tokens = int(shape.keys());
   args.head_dim = int(shape.head_dim);
   args.dtype = shape.dtype;
+  args.causal = shape.causal;
   args.scale = 1.0 / std::sqrt(double(shape.head_dim));
   args.workspace = workspace;
   args.stream = stream;
@@ -115,6 +119,9 @@ struct BackwardArgs {
   // No atomics, no sum whose order depends on which block comes first: the same bits on every
   // run (slower; step 9 computes dQ in a pass of its own).
   bool deterministic = false;
+  // The forward's causal mask (AttentionArgs), for a step whose StepInfo says takes_causal: P is
+  // 0 above the diagonal, so are those entries of dS, and the tiles there are skipped.
+  Causal causal = Causal::none;
 };
 
 // The tiles a step cuts the sequence into at a head dim: along the queries (rows of a block or of
@@ -191,6 +198,7 @@ struct StepInfo {
   std::vector<DType> dtypes = {DType::fp16};  // the element types it takes (AttentionArgs::dtype)
   bool takes_kv_tokens = false;  // serves N_k != N (cross-attention: AttentionArgs::kv_tokens)
   bool takes_key_padding_mask = false;  // honours AttentionArgs::key_padding_mask
+  bool takes_causal = false;  // honours AttentionArgs::causal (or BackwardArgs::causal), both alignments
   TileSizesFn tile_sizes = nullptr;  // nullptr: no tiles along N (one thread per output, v0)
 
   // The registration's last word: `StepInfo{...}.with_tiles(tile_sizes)`.

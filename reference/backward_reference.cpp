@@ -29,7 +29,7 @@ SliceGradients attention_backward(const std::vector<double>& q_values,
                                   const std::vector<double>& k_values,
                                   const std::vector<double>& v_values,
                                   const std::vector<double>& d_o_values, int64_t tokens,
-                                  int64_t head_dim, double scale, DType dtype) {
+                                  int64_t head_dim, double scale, DType dtype, Causal causal) {
   const ConstMap q(q_values.data(), tokens, head_dim), k(k_values.data(), tokens, head_dim),
       v(v_values.data(), tokens, head_dim), d_o(d_o_values.data(), tokens, head_dim);
   const Rounding r = rounding_of(dtype);
@@ -46,7 +46,11 @@ SliceGradients attention_backward(const std::vector<double>& q_values,
     const int64_t rows = std::min(kRowBlock, tokens - begin);
     // The forward for these rows: S, L, P, O.
     RowMatrix p = (q.middleRows(begin, rows) * k.transpose()) * scale;
+    const Shape mask{1, 1, tokens, head_dim, dtype, 0, false, causal};
     for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t j = 0; j < tokens; ++j) {
+        if (!mask.sees(begin + r, j)) p(r, j) = -INFINITY;  // exp(-inf - L) = 0 below
+      }
       const double row_max = p.row(r).maxCoeff();
       const double row_sum = (p.row(r).array() - row_max).exp().sum();
       const double lse = row_max + std::log(row_sum);
@@ -119,7 +123,7 @@ BackwardReference compute_backward_reference(const HostTensors& inputs,
       reference.gradients[which] = attention_backward(
           as_doubles(inputs.q, offset, n * d), as_doubles(inputs.k, offset, n * d),
           as_doubles(inputs.v, offset, n * d), as_doubles(d_o, offset, n * d), n, d,
-          1.0 / std::sqrt(double(d)), inputs.shape.dtype);
+          1.0 / std::sqrt(double(d)), inputs.shape.dtype, inputs.shape.causal);
     }
   });
   return reference;

@@ -37,7 +37,9 @@ struct Rounding {
 };
 Rounding rounding_of(DType dtype);
 
-// One (b, h) slice, row-major doubles: q, d_o are N x D, k, v are N x D.
+// One (b, h) slice, row-major doubles: q, d_o are N x D, k, v are N x D. With a causal mask
+// (problem.hpp; with N_k = N both alignments put the diagonal at 0), P is 0 past the diagonal,
+// and so are dS there and every bound's share from those keys.
 //
 // The bounds, to first order in u and fp32, with s the scale, P, dP = dO V^T, D and dS as above:
 //   sigma_ij = s |q_i| . |k_j|                  the size of score ij's terms
@@ -63,7 +65,7 @@ struct SliceGradients {
 SliceGradients attention_backward(const std::vector<double>& q, const std::vector<double>& k,
                                   const std::vector<double>& v, const std::vector<double>& d_o,
                                   int64_t tokens, int64_t head_dim, double scale,
-                                  DType dtype = DType::fp16);
+                                  DType dtype = DType::fp16, Causal causal = Causal::none);
 
 // dO of the standard test inputs: standard normal, from its own stream of the seed.
 std::vector<__half> make_output_gradient(const Shape& shape, uint64_t seed);

@@ -22,10 +22,12 @@ RowMatrix load_slice(const std::vector<__half>& tensor, int64_t rows, int64_t d,
 
 // Rows [row_begin, row_end) of O for one slice, written into out (N x D row-major), and their
 // log-sum-exp into log_sum_exp (N values). `padding` (N_k values, or nullptr): keys marked 1 get
-// no weight. A row whose keys are all padding has no weights at all: its O is 0 and its L -inf
-// (the log of an empty sum), the definition every step that takes a mask follows.
-void attend_rows(const RowMatrix& q, const RowMatrix& k, const RowMatrix& v, const uint8_t* padding,
-                 int64_t row_begin, int64_t row_end, double* out, double* log_sum_exp) {
+// no weight, and so do the keys past a row's causal diagonal (shape.sees). A row with no key
+// left has no weights at all: its O is 0 and its L -inf (the log of an empty sum), the
+// definition every step that takes a mask follows.
+void attend_rows(const Shape& shape, const RowMatrix& q, const RowMatrix& k, const RowMatrix& v,
+                 const uint8_t* padding, int64_t row_begin, int64_t row_end, double* out,
+                 double* log_sum_exp) {
   const double scale = 1.0 / std::sqrt(double(q.cols()));
   RowMatrix scores = (q.middleRows(row_begin, row_end - row_begin) * k.transpose()) * scale;
   if (padding != nullptr) {
@@ -34,8 +36,13 @@ void attend_rows(const RowMatrix& q, const RowMatrix& k, const RowMatrix& v, con
     }
   }
   for (int64_t r = 0; r < scores.rows(); ++r) {
+    for (int64_t j = 0; j < scores.cols(); ++j) {
+      if (!shape.sees(row_begin + r, j)) scores(r, j) = -INFINITY;
+    }
+  }
+  for (int64_t r = 0; r < scores.rows(); ++r) {
     const double row_max = scores.row(r).maxCoeff();
-    if (row_max == -INFINITY) {  // every key is padding
+    if (row_max == -INFINITY) {  // every key is masked
       scores.row(r).setZero();
       log_sum_exp[row_begin + r] = -INFINITY;
       continue;
@@ -82,7 +89,7 @@ Reference compute_reference(const HostTensors& inputs, const std::vector<int64_t
           inputs.key_padding_mask.empty()
               ? nullptr
               : inputs.key_padding_mask.data() + (slices[which] / shape.heads) * shape.keys();
-      attend_rows(q, k, v, padding, block * kRowBlock, std::min(n, (block + 1) * kRowBlock),
+      attend_rows(shape, q, k, v, padding, block * kRowBlock, std::min(n, (block + 1) * kRowBlock),
                   reference.output[which].data(), reference.log_sum_exp[which].data());
     }
   });

@@ -11,7 +11,8 @@ namespace attn {
 // O for one (b, h) slice, N x D row-major, computed in fp64 with the stable softmax
 // (subtract each row's maximum before exp), over the slice's N_k keys (Shape::keys()). Rows go
 // in blocks so memory stays O(block * N_k). With a key-padding mask (HostTensors), the keys it
-// marks get no weight, and a row whose keys are all padding is O = 0 with L = -inf.
+// marks get no weight, as do the keys past a row's causal diagonal (Shape::causal); a row with
+// no key left is O = 0 with L = -inf.
 std::vector<double> reference_slice(const HostTensors& inputs, int64_t slice);
 
 // The reference for a set of slices, computed in parallel over slices and row blocks.

@@ -38,7 +38,7 @@ template <typename Element>
 __global__ void reference_attention_fp64(const Element* q, const Element* k, const Element* v,
                                          const uint8_t* padding, float* out, float* log_sum_exp,
                                          int64_t rows_total, int tokens, int kv_tokens, int heads,
-                                         int head_dim, double scale) {
+                                         int head_dim, double scale, bool causal, int diagonal) {
   __shared__ double q_rows[kWarpsPerBlock][kGpuReferenceMaxHeadDim];
   const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
   const int64_t row_index = int64_t(blockIdx.x) * kWarpsPerBlock + warp;
@@ -53,8 +53,11 @@ __global__ void reference_attention_fp64(const Element* q, const Element* k, con
   for (int c = lane; c < head_dim; c += kWarpSize) q_row[c] = to_double(q[row_index * head_dim + c]);
   __syncwarp();
 
+  // The last key this row sees: every key, or the causal diagonal's (problem.hpp).
+  const int64_t last_key = causal ? int64_t(row_index % tokens) + diagonal : int64_t(kv_tokens);
   auto score = [&](int key) {
     if (key_padding != nullptr && key_padding[key] != 0) return -double(INFINITY);
+    if (key > last_key) return -double(INFINITY);
     const Element* k_row = k_slice + int64_t(key) * head_dim;
     double dot = 0.0;
     for (int c = 0; c < head_dim; ++c) dot += q_row[c] * to_double(k_row[c]);
@@ -64,7 +67,7 @@ __global__ void reference_attention_fp64(const Element* q, const Element* k, con
   double row_max = -INFINITY;
   for (int key = lane; key < kv_tokens; key += kWarpSize) row_max = fmax(row_max, score(key));
   row_max = warp_max(row_max);
-  if (row_max == -INFINITY) {  // every key is padding: O = 0, L = -inf (cpu_reference.hpp)
+  if (row_max == -INFINITY) {  // every key is masked: O = 0, L = -inf (cpu_reference.hpp)
     if (log_sum_exp != nullptr && lane == 0) log_sum_exp[row_index] = -INFINITY;
     for (int c = lane; c < head_dim; c += kWarpSize) out[row_index * head_dim + c] = 0.0f;
     return;
@@ -135,7 +138,8 @@ template <typename Element>
 __global__ void reference_backward_rows_fp64(const Element* q, const Element* k, const Element* v,
                                              const Element* d_o, float* dq, float* dq_bound,
                                              RowStats* row_stats, int64_t rows_total, int tokens,
-                                             int head_dim, double scale, ErrorModel error) {
+                                             int head_dim, double scale, ErrorModel error,
+                                             bool causal) {
   __shared__ double q_rows[kWarpsPerBlock][kGpuReferenceMaxHeadDim];
   __shared__ double d_o_rows[kWarpsPerBlock][kGpuReferenceMaxHeadDim];
   const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
@@ -150,7 +154,13 @@ __global__ void reference_backward_rows_fp64(const Element* q, const Element* k,
   load_row(d_o_row, d_o + row_index * head_dim, head_dim, lane);
   // __dmul_rn: never fused into the subtraction that follows, so a score computed twice is the
   // same number and, at N = 1, P is exactly 1 and dS exactly 0 (dQ and dK vanish, as they must).
-  auto score = [&](int key) { return __dmul_rn(scale, dot_with(q_row, k_slice + int64_t(key) * head_dim, head_dim)); };
+  // With a causal mask row i sees keys 0..i (N_k = N: both alignments agree); the others
+  // score -inf, so their P and dS are 0.
+  const int64_t last_key = causal ? row_index % tokens : int64_t(tokens);
+  auto score = [&](int key) {
+    if (key > last_key) return -double(INFINITY);
+    return __dmul_rn(scale, dot_with(q_row, k_slice + int64_t(key) * head_dim, head_dim));
+  };
   auto sigma = [&](int key) { return scale * abs_dot_with(q_row, k_slice + int64_t(key) * head_dim, head_dim); };
   auto d_p = [&](int key) { return dot_with(d_o_row, v_slice + int64_t(key) * head_dim, head_dim); };
 
@@ -247,7 +257,8 @@ template <typename Element>
 __global__ void reference_backward_keys_fp64(const Element* q, const Element* k, const Element* v,
                                              const Element* d_o, const RowStats* row_stats,
                                              GpuGradients out, int64_t rows_total, int tokens,
-                                             int head_dim, double scale, ErrorModel error) {
+                                             int head_dim, double scale, ErrorModel error,
+                                             bool causal) {
   __shared__ double k_rows[kWarpsPerBlock][kGpuReferenceMaxHeadDim];
   __shared__ double v_rows[kWarpsPerBlock][kGpuReferenceMaxHeadDim];
   const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
@@ -266,7 +277,7 @@ __global__ void reference_backward_keys_fp64(const Element* q, const Element* k,
   for (int chunk = 0; chunk < tokens; chunk += kWarpSize) {
     const int row = chunk + lane;
     double p = 0.0, d_s = 0.0, w = 0.0, d_s_error = 0.0;
-    if (row < tokens) {
+    if (row < tokens && !(causal && key_index % tokens > row)) {  // the rows that see key j
       const RowStats stats = row_stats[slice_row0 + row];
       const Element* q_row = q_slice + int64_t(row) * head_dim;
       const Element* d_o_row = d_o_slice + int64_t(row) * head_dim;
@@ -346,11 +357,11 @@ void launch_gpu_backward_reference(const __half* q, const __half* k, const __hal
     const auto* d_o_in = reinterpret_cast<const Element*>(d_o);
     reference_backward_rows_fp64<<<blocks, kWarpsPerBlock * kWarpSize, 0, stream>>>(
         q_in, k_in, v_in, d_o_in, out.dq, out.dq_bound, stats, rows_total, int(shape.tokens),
-        int(shape.head_dim), scale, error);
+        int(shape.head_dim), scale, error, shape.causal != Causal::none);
     CUDA_CHECK_LAUNCH();
     reference_backward_keys_fp64<<<blocks, kWarpsPerBlock * kWarpSize, 0, stream>>>(
         q_in, k_in, v_in, d_o_in, stats, out, rows_total, int(shape.tokens), int(shape.head_dim),
-        scale, error);
+        scale, error, shape.causal != Causal::none);
     CUDA_CHECK_LAUNCH();
   });
 }
@@ -367,7 +378,7 @@ void launch_gpu_reference(const __half* q, const __half* k, const __half* v,
         reinterpret_cast<const Element*>(q), reinterpret_cast<const Element*>(k),
         reinterpret_cast<const Element*>(v), key_padding_mask, out, log_sum_exp, rows_total,
         int(shape.tokens), int(shape.keys()), int(shape.heads), int(shape.head_dim),
-        1.0 / std::sqrt(double(shape.head_dim)));
+        1.0 / std::sqrt(double(shape.head_dim)), shape.causal != Causal::none, int(shape.diagonal()));
     CUDA_CHECK_LAUNCH();
   });
 }

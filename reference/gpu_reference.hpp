@@ -30,7 +30,8 @@ namespace attn {
 // `log_sum_exp` (device, [B, H, N] fp32, or nullptr) receives each row's L = log(sum_j exp(s_j)),
 // s = q K^T / sqrt(D).
 // `key_padding_mask` (device, [B, N_k] bytes, 1: padding; or nullptr): those keys get no
-// weight, and a row with none left is O = 0, L = -inf, as in the CPU reference.
+// weight, as do the keys past a row's causal diagonal (shape.causal), and a row with none left
+// is O = 0, L = -inf, as in the CPU reference.
 void launch_gpu_reference(const __half* q, const __half* k, const __half* v,
                           const uint8_t* key_padding_mask, float* out, float* log_sum_exp,
                           const Shape& shape, cudaStream_t stream);
@@ -41,7 +42,7 @@ constexpr int kGpuReferenceMaxHeadDim = 256;
 // V and dO of shape.dtype, all arithmetic in fp64 (backward_reference.hpp has the maths), and
 // beside each gradient the bound on a correct kernel's error in it that the CPU reference gives
 // (SliceGradients). `row_stats` is device scratch of gpu_backward_reference_scratch_bytes(shape).
-// Any N >= 1, D <= 256. Two kernels: one warp per query row (its L, D, their bounds and dQ),
+// Any N >= 1, D <= 256, with or without shape.causal. Two kernels: one warp per query row (its L, D, their bounds and dQ),
 // then one warp per key (dK and dV).
 struct GpuGradients {  // device, [B, H, N, D] fp32 each
   float* dq = nullptr;

@@ -172,6 +172,51 @@ TEST_SUITE("backward") {
     }
   }
 
+  TEST_CASE("causal mask, where the step takes it: tails, large scores, bf16, the deterministic mode") {
+    const attn::StepInfo& step = step_under_test();
+    if (!step.takes_causal) {
+      Shape causal{1, 1, 64, 64};
+      causal.causal = attn::Causal::top_left;
+      const auto reason = step.refuses(causal);
+      REQUIRE(reason.has_value());  // the refusal is the test
+      CHECK(reason->find("--causal") != std::string::npos);
+      return;
+    }
+    // With N_q = N_k both alignments are the same mask: each is run at a few sizes.
+    for (attn::DType dtype : step.dtypes) {
+      for (int head_dim : step.head_dims) {
+        std::vector<int64_t> sizes = {1, 2, 17, 197};
+        for (int64_t tokens : sizes_around(all_tiles(step.tiles(head_dim)))) sizes.push_back(tokens);
+        for (int64_t tokens : sizes) {
+          for (attn::Causal align : {attn::Causal::top_left, attn::Causal::bottom_right}) {
+            Shape shape{2, 3, tokens, head_dim, dtype};
+            shape.causal = align;
+            CAPTURE(shape.str());
+            REQUIRE(serves(shape));
+            require_pass(check_backward(shape, CheckMode::full));
+          }
+        }
+        Shape shape{2, 3, 130, head_dim, dtype};
+        shape.causal = attn::Causal::top_left;
+        CAPTURE(shape.str());
+        for (double qk_scale : {attn::kLargeScoreScale, kMaskProbe}) {
+          CAPTURE(qk_scale);
+          require_pass(run_backward(shape, CheckMode::full, qk_scale).check);
+        }
+        const attn::BackwardRunResult first = run_backward(shape, CheckMode::full, 1.0, true);
+        require_pass(first.check);
+        const attn::BackwardRunResult second = run_backward(shape, CheckMode::full, 1.0, true);
+        CHECK(same_bits(first.dq, second.dq));
+        CHECK(same_bits(first.dk, second.dk));
+        CHECK(same_bits(first.dv, second.dv));
+        Shape vit{8, 12, 577, head_dim, dtype};
+        vit.causal = attn::Causal::top_left;
+        CAPTURE(vit.str());
+        require_pass(check_backward(vit, CheckMode::sample));
+      }
+    }
+  }
+
   TEST_CASE("refuses a head dim it does not serve, naming the flag") {
     const auto reason = step_under_test().refuses(Shape{1, 1, 64, 48});
     REQUIRE(reason.has_value());

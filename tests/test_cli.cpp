@@ -89,6 +89,10 @@ TEST_SUITE("cli") {
     CHECK(parse({"--tokens", "100", "--kv-tokens", "1050"}).shape.cross());
     CHECK_FALSE(parse({}).shape.key_padding);
     CHECK(parse({"--key-padding"}).shape.key_padding);
+    CHECK(parse({}).shape.causal == attn::Causal::none);
+    CHECK(parse({"--causal"}).shape.causal == attn::Causal::top_left);
+    CHECK(parse({"--causal", "--causal-align", "bottom-right"}).shape.causal == attn::Causal::bottom_right);
+    CHECK(parse({"--causal-align=top-left", "--causal"}).shape.causal == attn::Causal::top_left);
   }
 
   TEST_CASE("bad input: exit 2, one line on stderr naming the flag") {
@@ -127,6 +131,10 @@ TEST_SUITE("cli") {
         {{"--kv-tokens", "65"}, "does not serve --kv-tokens 65 (it serves self-attention"},
         {{"--dtype", "bf16"}, "does not serve --dtype bf16 (it takes fp16)"},
         {{"--dtype", "bf16", "--format", "csv"}, "has no dtype column"},
+        {{"--causal"}, "does not serve --causal (it takes no causal mask)"},
+        {{"--causal", "--causal-align", "middle"}, "--causal-align: 'middle' is not one of top-left, bottom-right"},
+        {{"--causal-align", "bottom-right"}, "--causal-align: only meaningful with --causal"},
+        {{"--causal", "--format", "csv"}, "has no mask column"},
         {{"--tokens", "2000", "--batch", "2147483647", "--heads", "2147483647", "--head-dim", "64"},
          "overflows 64 bits"},
     };

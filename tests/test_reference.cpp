@@ -15,8 +15,13 @@ using attn::Shape;
 
 double at(const std::vector<__half>& t, int64_t i) { return double(__half2float(t[i])); }
 
-// Whether key j of a slice is padding (the inputs' key-padding mask, if any).
-bool padded(const HostTensors& in, int64_t slice, int64_t j) {
+// Whether query i of a slice gives key j no weight: the key is padding (the inputs' key-padding
+// mask, if any) or past the causal diagonal, written out here: top left, j > i; bottom right,
+// j > i + N_k - N.
+bool masked(const HostTensors& in, int64_t slice, int64_t i, int64_t j) {
+  const attn::Causal causal = in.shape.causal;
+  const int64_t offset = causal == attn::Causal::bottom_right ? in.shape.keys() - in.shape.tokens : 0;
+  if (causal != attn::Causal::none && j > i + offset) return true;
   return !in.key_padding_mask.empty() &&
          in.key_padding_mask[std::size_t((slice / in.shape.heads) * in.shape.keys() + j)] != 0;
 }
@@ -33,10 +38,10 @@ std::vector<double> plain_attention(const HostTensors& in, int64_t slice) {
     for (int64_t j = 0; j < n_k; ++j) {
       long double dot = 0;
       for (int64_t c = 0; c < d; ++c) dot += at(in.q, base + i * d + c) * at(in.k, kv_base + j * d + c);
-      s[j] = padded(in, slice, j) ? -INFINITY : dot / std::sqrt((long double)d);
+      s[j] = masked(in, slice, i, j) ? -INFINITY : dot / std::sqrt((long double)d);
       row_max = std::max(row_max, s[j]);
     }
-    if (row_max == -INFINITY) continue;  // every key is padding: O stays 0
+    if (row_max == -INFINITY) continue;  // every key is masked: O stays 0
     long double sum = 0;
     for (int64_t j = 0; j < n_k; ++j) sum += (s[j] = std::exp(s[j] - row_max));
     for (int64_t c = 0; c < d; ++c) {
@@ -58,7 +63,7 @@ std::vector<double> plain_log_sum_exp(const HostTensors& in, int64_t slice) {
     for (int64_t j = 0; j < n_k; ++j) {
       long double dot = 0;
       for (int64_t c = 0; c < d; ++c) dot += at(in.q, base + i * d + c) * at(in.k, kv_base + j * d + c);
-      if (!padded(in, slice, j)) sum += std::exp(dot / std::sqrt((long double)d));  // no overflow in long double
+      if (!masked(in, slice, i, j)) sum += std::exp(dot / std::sqrt((long double)d));  // no overflow in long double
     }
     out[i] = double(std::log(sum));
   }
@@ -110,6 +115,52 @@ TEST_SUITE("reference") {
       for (double value : reference.output[0]) CHECK(value == 0.0);
       for (double value : reference.log_sum_exp[0]) CHECK(value == -INFINITY);
     }
+  }
+
+  TEST_CASE("a causal mask, both alignments, with and without padding: as plain loops") {
+    const attn::DType fp16 = attn::DType::fp16;
+    for (attn::Causal align : {attn::Causal::top_left, attn::Causal::bottom_right}) {
+      for (Shape shape : {Shape{2, 1, 17, 64}, Shape{1, 2, 65, 32, fp16, 17}, Shape{1, 1, 17, 64, fp16, 65},
+                          Shape{2, 2, 9, 64, fp16, 1}}) {
+        for (bool padding : {false, true}) {
+          shape.causal = align;
+          shape.key_padding = padding;
+          CAPTURE(shape.str());
+          const HostTensors inputs = attn::make_inputs(shape, 13);
+          const int64_t last = shape.slices() - 1;
+          const attn::Reference reference = attn::compute_reference(inputs, {0, last});
+          CHECK(max_difference(reference.output[0], plain_attention(inputs, 0)) < 1e-12);
+          CHECK(max_difference(reference.output[1], plain_attention(inputs, last)) < 1e-12);
+          CHECK(max_difference(reference.log_sum_exp[1], plain_log_sum_exp(inputs, last)) < 1e-12);
+          // Top left, query 0 sees key 0 alone: O is V's row 0. Bottom right with N > N_k, the
+          // first N - N_k rows see nothing: O = 0, L = -inf.
+          if (align == attn::Causal::top_left && !padding) {
+            for (int64_t c = 0; c < shape.head_dim; ++c) CHECK(reference.output[0][c] == at(inputs.v, c));
+          }
+          const int64_t blind = align == attn::Causal::bottom_right ? shape.tokens - shape.keys() : 0;
+          for (int64_t i = 0; i < blind; ++i) {
+            CHECK(reference.log_sum_exp[0][i] == -INFINITY);
+            for (int64_t c = 0; c < shape.head_dim; ++c) CHECK(reference.output[0][i * shape.head_dim + c] == 0.0);
+          }
+        }
+      }
+    }
+  }
+
+  TEST_CASE("a causal mask's FLOPs count the pairs on or below the diagonal") {
+    for (attn::Causal align : {attn::Causal::top_left, attn::Causal::bottom_right}) {
+      for (auto [n, n_k] : {std::pair<int64_t, int64_t>{1, 1}, {17, 17}, {65, 17}, {17, 65}, {9, 1}, {300, 1050}}) {
+        Shape shape{1, 1, n, 64, attn::DType::fp16, n_k};
+        shape.causal = align;
+        CAPTURE(shape.str());
+        int64_t pairs = 0;
+        for (int64_t i = 0; i < n; ++i) {
+          for (int64_t j = 0; j < n_k; ++j) pairs += shape.sees(i, j) ? 1 : 0;
+        }
+        CHECK(shape.visible_pairs() == double(pairs));
+      }
+    }
+    CHECK(Shape{1, 1, 4096, 64}.visible_pairs() == 4096.0 * 4096.0);
   }
 
   TEST_CASE("L of equal scores is log N, and L holds where exp of a score overflows") {

@@ -381,3 +381,82 @@ TEST_CASE("refuses what it does not serve, with a reason naming the flag") {
     CHECK(serves(step, {1, 1, 1025, 64}));         // every step serves the ViT shapes
   }
 }
+
+TEST_CASE("causal mask, where the step takes it: tails, N_q != N_k in both alignments, bf16, with padding") {
+  const attn::StepInfo& step = step_under_test();
+  if (!step.takes_causal) {
+    Shape causal{1, 1, 64, 64};
+    causal.causal = attn::Causal::top_left;
+    const auto reason = step.refuses(causal, device_under_test());
+    REQUIRE(reason.has_value());  // the refusal is the test
+    CHECK(reason->find("--causal") != std::string::npos);
+    return;
+  }
+  auto causal_shape = [](int64_t batch, int64_t heads, int64_t tokens, int64_t kv_tokens,
+                         int64_t head_dim, attn::Causal align, attn::DType dtype = attn::DType::fp16) {
+    Shape shape{batch, heads, tokens, head_dim, dtype, kv_tokens};
+    shape.causal = align;
+    return shape;
+  };
+  for (int head_dim : step.head_dims) {
+    // Self-attention at every tail the step's tiles make, and a few small N: the diagonal
+    // crosses a tile at every offset.
+    std::vector<int64_t> sizes = {1, 2, 17, 197};
+    const attn::TileSizes tiles = step.tiles(head_dim);
+    for (int64_t tokens : sizes_around(all_tiles(tiles))) sizes.push_back(tokens);
+    for (int64_t tokens : sizes) {
+      const Shape shape = causal_shape(1, 2, tokens, 0, head_dim, attn::Causal::top_left);
+      if (!serves(step, shape)) continue;
+      CAPTURE(shape.str());
+      require_pass(check_step(step, shape));
+    }
+    // N_q != N_k: the alignments differ. Bottom right with N_q > N_k leaves the first
+    // N_q - N_k rows with no key (O = 0, L = -inf); with N_q < N_k top left leaves keys no row sees.
+    const std::pair<int64_t, int64_t> cross[] = {{1, 65},   {65, 1},   {64, 130}, {130, 64},
+                                                 {17, 197}, {197, 17}, {300, 77}, {77, 300},
+                                                 {100, 1050}};
+    for (attn::Causal align : {attn::Causal::top_left, attn::Causal::bottom_right}) {
+      for (const auto& [tokens, kv_tokens] : cross) {
+        const Shape shape = causal_shape(2, 3, tokens, kv_tokens, head_dim, align);
+        if (!serves(step, shape)) continue;
+        CAPTURE(shape.str());
+        require_pass(check_step(step, shape));
+      }
+    }
+    // With the key-padding mask, and with large scores over the few keys the top rows see.
+    for (const auto& [tokens, kv_tokens] : {std::pair<int64_t, int64_t>{197, 197}, {130, 300}}) {
+      Shape shape = causal_shape(3, 2, tokens, kv_tokens, head_dim, attn::Causal::bottom_right);
+      shape.key_padding = true;
+      if (!serves(step, shape)) continue;
+      CAPTURE(shape.str());
+      require_pass(check_step(step, shape));
+    }
+    const Shape large = causal_shape(2, 3, 130, 0, head_dim, attn::Causal::top_left);
+    if (serves(step, large)) {
+      CAPTURE(large.str());
+      Run run;
+      run.qk_scale = attn::kLargeScoreScale;
+      require_pass(check_step(step, large, run));
+    }
+    // Persistent blocks walking work tiles of different lengths; a ViT shape; bf16.
+    for (const Shape& shape : {causal_shape(2, 3, 577, 0, head_dim, attn::Causal::top_left),
+                               causal_shape(1, 3, 1025, 600, head_dim, attn::Causal::bottom_right)}) {
+      if (!serves(step, shape)) continue;
+      CAPTURE(shape.str());
+      Run run;
+      run.max_persistent_blocks = kFewBlocks;
+      require_pass(check_step(step, shape, run));
+    }
+    const Shape vit = causal_shape(32, 12, 577, 0, head_dim, attn::Causal::top_left);
+    if (serves(step, vit)) {
+      CAPTURE(vit.str());
+      require_pass(check_step(step, vit, {CheckMode::sample}));
+    }
+    for (const Shape& shape : {causal_shape(2, 3, 197, 0, head_dim, attn::Causal::top_left, attn::DType::bf16),
+                               causal_shape(2, 3, 130, 64, head_dim, attn::Causal::bottom_right, attn::DType::bf16)}) {
+      if (!serves(step, shape)) continue;
+      CAPTURE(shape.str());
+      require_pass(check_step(step, shape));
+    }
+  }
+}

@@ -25,6 +25,11 @@
 //                            write that happens to come late enough still breaks it
 //   refill-before-release    the producer arms a stage for a new use before the consumers
 //                            released it (no wait on its empty barrier for this use)
+//   excluded-tile-loaded     the producer loads a K/V tile that no row of its work tile sees
+//                            under the mask policy (policies/mask.cuh): the result is right,
+//                            the tile fully masked, but the work is wasted. Judged element by
+//                            element (does the work tile's last row see the tile's first key?),
+//                            not by the tile arithmetic the producer used
 //   watchdog                 a wait that does not complete within 2 s (a wrong parity, a wrong
 //                            byte count, a missing arrive): named instead of hanging
 //
@@ -67,8 +72,9 @@ enum class Rule : int {
   write_during_async_read,
   refill_before_release,
   watchdog,
+  excluded_tile_loaded,
 };
-constexpr int kRules = 8;
+constexpr int kRules = 9;
 
 constexpr uint64_t kWatchdogNanoseconds = 2'000'000'000;
 
@@ -124,7 +130,8 @@ inline const char* buffer_name(int buffer) {
 inline void describe(const Violation& v, const char* step, Line& line) {
   static const char* const kNames[kRules] = {
       "none",          "read-before-full",        "release-before-wgmma",  "arrive-without-wait",
-      "unfenced-async-read", "write-during-async-read", "refill-before-release", "watchdog"};
+      "unfenced-async-read", "write-during-async-read", "refill-before-release", "watchdog",
+      "excluded-tile-loaded"};
   line.append(step);
   line.append(": pipeline rule ");
   line.append(kNames[v.rule >= 0 && v.rule < kRules ? v.rule : 0]);
@@ -208,6 +215,13 @@ inline void describe(const Violation& v, const char* step, Line& line) {
       line.append(", did not complete within 2 s: a wrong parity, a wrong byte count or a "
                   "missing arrive");
       break;
+    case Rule::excluded_tile_loaded:
+      line.append("loaded K/V tile ");
+      line.append((long long)v.slot);
+      line.append(" for the work tile from row ");
+      line.append((long long)v.use);
+      line.append(", whose rows see none of its keys under the mask policy");
+      break;
     case Rule::none: break;
   }
 }
@@ -277,6 +291,20 @@ __device__ __forceinline__ void wait_phase(uint64_t* barrier, uint32_t parity, B
 #else
   (void)buffer, (void)which, (void)slot, (void)use;
   mbarrier_wait(barrier, parity);
+#endif
+}
+
+// The producer's load of K/V tile kv_tile (block_n keys) for the work tile of rows [row0, row0 +
+// rows): some row of it must see the tile's first key (the last row sees the most keys).
+template <typename Mask>
+__device__ __forceinline__ void check_tile_seen(const Mask& mask, int kv_tile, int block_n,
+                                                int row0, int rows) {
+#if ATTN_CHECKED_PIPELINE
+  if (!mask.sees(row0 + rows - 1, kv_tile * block_n)) {
+    report(Rule::excluded_tile_loaded, Buffer::kv, Barrier::full, kv_tile, row0, 0);
+  }
+#else
+  (void)mask, (void)kv_tile, (void)block_n, (void)row0, (void)rows;
 #endif
 }
 

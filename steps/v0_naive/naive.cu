@@ -9,28 +9,33 @@
 // values may be fewer or more than the queries (cross-attention: N_k keys, AttentionArgs::kv_tokens),
 // and a key-padding mask may take keys out of every row of a batch element (padded(j)); a row left
 // with no key is O = 0. The mask has a kernel of its own (kMasked), as in steps 6 and 8, so the
-// unmasked kernel pays nothing for it.
+// unmasked kernel pays nothing for it. Under a causal mask (kCausal) row i walks only the keys
+// it sees, 0 .. i + diagonal: the mask policy (policies/mask.cuh) gives the row its key range.
 #include <cuda_fp16.h>
 
 #include <cmath>
 
 #include "cuda_check.hpp"
+#include "dispatch.hpp"
+#include "policies/mask.cuh"
 #include "step.hpp"
 
 namespace {
 
 constexpr int kThreadsPerBlock = 256;
 
-template <bool kMasked>
+template <bool kMasked, bool kCausal>
 __global__ void naive_attention_kernel(const __half* q, const __half* k, const __half* v,
                                        __half* o, const uint8_t* key_padding, int64_t total,
-                                       int heads, int tokens, int kv_tokens, int head_dim,
-                                       float scale) {
+                                       int heads, int tokens, policies::Mask<kCausal> mask,
+                                       int head_dim, float scale) {
   const int64_t index = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (index >= total) return;
   // index = ((slice * N) + row) * D + column, matching the [B, H, N, D] layout of O.
   const int column = int(index % head_dim);
   const int64_t row_index = index / head_dim;  // slice * N + row
+  const int kv_tokens = mask.kv_tokens;
+  const int key_end = mask.key_end(int(row_index % tokens), 1);  // the keys this row sees: [0, key_end)
   const int64_t slice_offset = (row_index / tokens) * int64_t(kv_tokens) * head_dim;  // K's, V's
   const __half* q_row = q + row_index * head_dim;
   const __half* k_slice = k + slice_offset;
@@ -40,7 +45,7 @@ __global__ void naive_attention_kernel(const __half* q, const __half* k, const _
       kMasked ? key_padding + (row_index / tokens / heads) * kv_tokens : nullptr;
   auto padded = [&](int j) { return kMasked && padding_row[j] != 0; };
 
-  // BEGIN EXERCISE: o[index] = softmax(q_row . K^T * scale) . V[:, column] over the keys not padded(j), stable, fp32 (none left: 0)
+  // BEGIN EXERCISE: o[index] = softmax(q_row . K^T * scale) . V[:, column] over the keys j < key_end not padded(j), stable, fp32 (none left: 0)
   auto score = [&](int j) {
     float dot = 0.0f;
     for (int c = 0; c < head_dim; ++c) {
@@ -50,12 +55,12 @@ __global__ void naive_attention_kernel(const __half* q, const __half* k, const _
   };
 
   float row_max = -INFINITY;
-  for (int j = 0; j < kv_tokens; ++j) {
+  for (int j = 0; j < key_end; ++j) {
     if (!padded(j)) row_max = fmaxf(row_max, score(j));
   }
 
   float row_sum = 0.0f, weighted = 0.0f;
-  for (int j = 0; j < kv_tokens; ++j) {
+  for (int j = 0; j < key_end; ++j) {
     if (padded(j)) continue;  // no weight at all, not a small one
     const float p = expf(score(j) - row_max);
     row_sum += p;
@@ -69,11 +74,15 @@ void launch_naive(const attn::AttentionArgs& args) {
   const int64_t total = int64_t(args.batch) * args.heads * args.tokens * args.head_dim;
   const float scale = float(args.scale);
   const unsigned blocks = unsigned((total + kThreadsPerBlock - 1) / kThreadsPerBlock);
-  auto kernel = args.key_padding_mask != nullptr ? naive_attention_kernel<true>
-                                                 : naive_attention_kernel<false>;
-  kernel<<<blocks, kThreadsPerBlock, 0, args.stream>>>(
-      args.q, args.k, args.v, args.o, args.key_padding_mask, total, args.heads, args.tokens,
-      args.kv_tokens, args.head_dim, scale);
+  const int diagonal = int(attn::causal_diagonal(args.causal, args.tokens, args.kv_tokens));
+  attn::with_flags(
+      [&](auto masked, auto causal) {
+        constexpr bool kCausal = decltype(causal)::value;
+        naive_attention_kernel<decltype(masked)::value, kCausal><<<blocks, kThreadsPerBlock, 0, args.stream>>>(
+            args.q, args.k, args.v, args.o, args.key_padding_mask, total, args.heads, args.tokens,
+            policies::Mask<kCausal>{args.kv_tokens, diagonal}, args.head_dim, scale);
+      },
+      args.key_padding_mask != nullptr, args.causal != attn::Causal::none);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -85,4 +94,4 @@ ATTN_REGISTER_STEP(attn::StepInfo{ATTN_STEP_ID, "naive: one thread per output el
                                   /*pipeline_report=*/nullptr, /*writes_log_sum_exp=*/false,
                                   /*launch_backward=*/nullptr, /*forward_step=*/"",
                                   {attn::DType::fp16}, /*takes_kv_tokens=*/true,
-                                  /*takes_key_padding_mask=*/true})
+                                  /*takes_key_padding_mask=*/true, /*takes_causal=*/true})

@@ -22,6 +22,8 @@
 // In the deterministic mode (BackwardArgs::deterministic) the blocks of a slice add their dQ of a
 // Q tile in order of their K/V tile, one after the other, waiting on a counter per Q tile: the
 // same sum in the same order on every run.
+// Under the causal mask (kCausal) a block visits only the Q tiles from the first row that sees
+// its keys (policies/mask.cuh), and zeroes P (so dS) past the diagonal in the tiles it crosses.
 // Serves head dims 64 and 128, fp16 or bf16, on Hopper (sm_90a); chapter 13.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -35,6 +37,7 @@
 #include "dispatch.hpp"
 #include "element_type.hpp"
 #include "hopper/hopper.cuh"
+#include "policies/mask.cuh"
 #include "step.hpp"
 
 namespace {
@@ -157,7 +160,7 @@ __global__ void row_vectors_kernel(const Element* __restrict__ o, const Element*
 
 // ---- 2. dK, dV per K/V tile; dQ added up in L2 ------------------------------------------------
 
-template <typename T, typename Element, bool kDeterministic>
+template <typename T, typename Element, bool kDeterministic, bool kCausal>
 __global__ void __launch_bounds__(T::kThreads, 1)
     hopper_backward_kernel(const __grid_constant__ CUtensorMap q_map,
                            const __grid_constant__ CUtensorMap k_map,
@@ -166,7 +169,8 @@ __global__ void __launch_bounds__(T::kThreads, 1)
                            const float* __restrict__ lse_log2, const float* __restrict__ row_dot,
                            float* __restrict__ dq_sum, int* __restrict__ dq_turns,
                            Element* __restrict__ dk, Element* __restrict__ dv, int heads,
-                           int tokens, int key_tiles, int row_tiles, float scale, float scale_log2) {
+                           int tokens, const policies::Mask<kCausal> mask, int key_tiles,
+                           int row_tiles, float scale, float scale_log2) {
   constexpr int kHeadDim = T::kHeadDim, kBlockM = T::kBlockM, kBlockN = T::kBlockN;
   constexpr int kSwizzleColumns = T::kSwizzleColumns;
   extern __shared__ unsigned char shared_raw[];
@@ -187,13 +191,18 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   using DsOperand = hopper::ThreadOperand<T::kDsBuffers, T::kConsumers>;
   DsOperand ds(Buffer::ds, warp_group - 1);
 
-  // The Q tiles in the order this block visits them. As in v9, each block of a slice starts at
-  // its own Q tile, so that they do not all add into the same rows of dQ at once; in the
-  // deterministic mode they all go in order, one behind the other.
-  const int first_row_tile = kDeterministic ? 0 : int(int64_t(key_tile) * row_tiles / key_tiles);
+  // The Q tiles in the order this block visits them: `walk` of them, from the first that sees
+  // its keys (every one without the causal mask). As in v9, each block of a slice starts at its
+  // own Q tile, so that they do not all add into the same rows of dQ at once; in the
+  // deterministic mode they all go in order, one behind the other. Under the causal mask the
+  // first visible Q tile already differs from block to block.
+  const int first_visible = mask.first_row(key0) / kBlockM;
+  const int walk = row_tiles - first_visible;
+  const int first_row_tile =
+      kDeterministic || kCausal ? first_visible : int(int64_t(key_tile) * row_tiles / key_tiles);
   auto row_tile_at = [&](int step) {
     const int row_tile = first_row_tile + step;
-    return row_tile < row_tiles ? row_tile : row_tile - row_tiles;
+    return row_tile < row_tiles ? row_tile : row_tile - walk;
   };
 
   if (threadIdx.x == 0) {
@@ -219,7 +228,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
                        key0, head, batch);
     }
     const int64_t vectors = int64_t(slice) * row_tiles * kBlockM;  // this slice's padded L and D
-    for (int step = 0; step < row_tiles; ++step) {
+    for (int step = 0; step < walk; ++step) {
       const int row_tile = row_tile_at(step);
       q_ring.wait_empty(step);
       uint64_t* q_full = q_ring.arm(step, T::kRowTileBytes + T::kRowVectorBytes);
@@ -279,7 +288,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   float dk_acc[kHeadDim / 2] = {};
   kv_ring.wait_full(0);
 
-  for (int step = 0; step < row_tiles; ++step) {
+  for (int step = 0; step < walk; ++step) {
     const int row_tile = row_tile_at(step);
     q_ring.wait_full(step);
     d_o_ring.wait_full(step);
@@ -314,6 +323,16 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       const float2 l = *reinterpret_cast<const float2*>(lse + 8 * i + 2 * quad_lane);
       for (int e = 0; e < 4; ++e) {
         s_acc[4 * i + e] = hopper::fast_exp2(fmaf(s_acc[4 * i + e], scale_log2, e % 2 ? -l.y : -l.x));
+      }
+    }
+    // In a Q tile the causal diagonal crosses, P = 0 (so dS = 0) where the query does not see
+    // the key: this thread's keys are my_key0 (e / 2 = 0) and my_key0 + 8.
+    if (kCausal && !mask.rows_all_see(row_tile * kBlockM, key0, kBlockN)) {
+      for (int i = 0; i < kBlockM / 8; ++i) {
+        for (int e = 0; e < 4; ++e) {
+          const int query = row_tile * kBlockM + 8 * i + 2 * quad_lane + e % 2;
+          if (!mask.sees(query, my_key0 + 8 * (e / 2))) s_acc[4 * i + e] = 0.0f;
+        }
       }
     }
     // dS^T = P^T o (dP^T - D).
@@ -552,20 +571,27 @@ void launch_for(const attn::BackwardArgs& args) {
   };
   const CUtensorMap q_map = map(args.q, T::kBlockM), k_map = map(args.k, T::kBlockN),
                     v_map = map(args.v, T::kBlockN), d_o_map = map(args.d_o, T::kBlockM);
-  auto kernel = attn::with_flags(
-      [](auto deterministic) { return hopper_backward_kernel<T, Element, decltype(deterministic)::value>; },
-      args.deterministic);
-  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  int(kSharedBytes<T>)));
   // Block b serves K/V tile b % key_tiles of slice b / key_tiles. In the deterministic mode a
   // block waits only for the blocks of its slice's earlier K/V tiles, which have lower indices:
   // the GPU starts blocks in index order, so those are running or done, and never wait on it.
+  // (Under the causal mask the Q tiles a K/V tile visits are also visited by every earlier one.)
   const int64_t blocks = slices * key_tiles;
   if (blocks > INT32_MAX) throw attn::CudaError("v10: more than 2^31 blocks");
-  kernel<<<unsigned(blocks), T::kThreads, kSharedBytes<T>, args.stream>>>(
-      q_map, k_map, v_map, d_o_map, workspace.lse_log2, workspace.row_dot, workspace.dq_sum,
-      workspace.dq_turns, reinterpret_cast<Element*>(args.dk), reinterpret_cast<Element*>(args.dv),
-      args.heads, args.tokens, key_tiles, row_tiles, float(args.scale), float(M_LOG2E * args.scale));
+  const int diagonal = int(attn::causal_diagonal(args.causal, args.tokens, args.tokens));
+  attn::with_flags(
+      [&](auto deterministic, auto causal) {
+        constexpr bool kCausal = decltype(causal)::value;
+        auto kernel = hopper_backward_kernel<T, Element, decltype(deterministic)::value, kCausal>;
+        CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        int(kSharedBytes<T>)));
+        kernel<<<unsigned(blocks), T::kThreads, kSharedBytes<T>, args.stream>>>(
+            q_map, k_map, v_map, d_o_map, workspace.lse_log2, workspace.row_dot, workspace.dq_sum,
+            workspace.dq_turns, reinterpret_cast<Element*>(args.dk),
+            reinterpret_cast<Element*>(args.dv), args.heads, args.tokens,
+            policies::Mask<kCausal>{args.tokens, diagonal}, key_tiles, row_tiles,
+            float(args.scale), float(M_LOG2E * args.scale));
+      },
+      args.deterministic, args.causal != attn::Causal::none);
   CUDA_CHECK_LAUNCH();
 
   const int64_t chunks = dq_values / 4;
@@ -635,5 +661,7 @@ ATTN_REGISTER_STEP(attn::StepInfo{ATTN_STEP_ID,
                                   attn::StepKind::backward, /*takes_strides=*/false,
                                   hopper::kPipelineReport, /*writes_log_sum_exp=*/false,
                                   launch_hopper_backward, /*forward_step=*/"v8",
-                                  {attn::DType::fp16, attn::DType::bf16}}
+                                  {attn::DType::fp16, attn::DType::bf16},
+                                  /*takes_kv_tokens=*/false, /*takes_key_padding_mask=*/false,
+                                  /*takes_causal=*/true}
                        .with_tiles(tile_sizes))

@@ -15,7 +15,9 @@
 //   - when asked, each row's log-sum-exp L leaves beside O: the backward pass rebuilds P from it.
 // Serves head dims 32, 64, 80, 128 (multiples of 16, so the fragments tile D exactly), in fp16
 // or bf16 (the kernel is a template on the element type; only the MMA and the packing differ),
-// and N_k keys for N queries (cross-attention: the K/V walk counts N_k, the Q tile N).
+// and N_k keys for N queries (cross-attention: the K/V walk counts N_k, the Q tile N). Under a
+// causal mask the mask policy (policies/mask.cuh) says how many K/V tiles a block walks, and
+// the tiles the diagonal crosses mask their keys element by element.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -30,6 +32,7 @@
 #include "step.hpp"
 #include "ampere/fragment_math.cuh"
 #include "ampere/warp_mma.cuh"
+#include "policies/mask.cuh"
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
 #pragma nv_diag_suppress 177  // sm_75: the kernel is a stub (below), its helpers go unused
@@ -102,14 +105,16 @@ constexpr float kPaddedScore = -0x1p100f;
 // A lane therefore tracks 2 * kRowGroups rows; index r = 2 * row_group + half. kWritesLse: the
 // epilogue also writes each row's L to row_lse (a separate kernel, so the inference one is
 // unchanged; see launch_flash_for). kMasked: key_padding ([B, N_k] bytes, 1: padding) marks keys
-// that get no weight (a separate kernel too).
+// that get no weight (a separate kernel too), and so does kCausal for the keys past a row's
+// diagonal, with the same kPaddedScore.
 template <typename Element, int kHeadDim, int kWarps, int kRowGroups, int kBlockN, bool kWritesLse,
-          bool kMasked>
+          bool kMasked, bool kCausal>
 __global__ void __launch_bounds__(32 * kWarps)
     flash_attention_kernel(const Element* __restrict__ q, const Element* __restrict__ k,
                            const Element* __restrict__ v, Element* __restrict__ o,
                            float* __restrict__ row_lse, const uint8_t* __restrict__ key_padding,
-                           int heads, int tokens, int kv_tokens, int row_tiles, float scale_log2) {
+                           int heads, int tokens, const policies::Mask<kCausal> mask,
+                           int row_tiles, float scale_log2) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
   // cp.async and mma.m16n8k16 need sm_80. A build for an older GPU (sm_75) gets this empty
   // kernel, which never runs: the registration below says 8.0, and the harness refuses below it.
@@ -122,21 +127,30 @@ __global__ void __launch_bounds__(32 * kWarps)
   Element* k_tiles = q_tile + T::kBlockM * T::kStride;  // two stages
   Element* v_tiles = k_tiles + 2 * kBlockN * T::kStride;  // two stages
 
-  const int row_tile = blockIdx.x % row_tiles;  // consecutive blocks share a slice's K and V
+  // Consecutive blocks share a slice's K and V. Under the causal mask the bottom row tiles,
+  // which walk the most K/V tiles, start first, and the short ones fill in behind them.
+  const int row_tile = kCausal ? row_tiles - 1 - blockIdx.x % row_tiles : blockIdx.x % row_tiles;
   const int64_t slice = blockIdx.x / row_tiles;
   const int64_t slice_offset = slice * tokens * kHeadDim;        // of Q and O: N rows a slice
+  const int kv_tokens = mask.kv_tokens;
   const int64_t kv_slice_offset = slice * kv_tokens * kHeadDim;  // of K and V: N_k rows
   const int row0 = row_tile * T::kBlockM;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int group = lane / 4, quad_lane = lane % 4;
   const int warp_row0 = row0 + warp * T::kWarpRows;
-  const int kv_tiles = (kv_tokens + kBlockN - 1) / kBlockN;
+  const int kv_tiles = mask.kv_tiles(row0, T::kBlockM, kBlockN);  // all N_k's without kCausal
+  const int first_partial = mask.first_partial_tile(row0, kBlockN);
 
-  // Q and the first K tile in one group, the first V tile in the next.
+  // Q and the first K tile in one group, the first V tile in the next (none for a block above
+  // the causal diagonal, which writes O = 0).
   load_tile_async<T::kBlockM, kHeadDim, T::kStride, T::kThreads>(q_tile, q + slice_offset, row0, tokens);
-  load_tile_async<kBlockN, kHeadDim, T::kStride, T::kThreads>(k_tiles, k + kv_slice_offset, 0, kv_tokens);
+  if (!kCausal || kv_tiles > 0) {
+    load_tile_async<kBlockN, kHeadDim, T::kStride, T::kThreads>(k_tiles, k + kv_slice_offset, 0, kv_tokens);
+  }
   cp_async_commit();
-  load_tile_async<kBlockN, kHeadDim, T::kStride, T::kThreads>(v_tiles, v + kv_slice_offset, 0, kv_tokens);
+  if (!kCausal || kv_tiles > 0) {
+    load_tile_async<kBlockN, kHeadDim, T::kStride, T::kThreads>(v_tiles, v + kv_slice_offset, 0, kv_tokens);
+  }
   cp_async_commit();
 
   uint32_t q_fragments[kRowGroups][T::kDChunks][4];
@@ -144,7 +158,7 @@ __global__ void __launch_bounds__(32 * kWarps)
   float row_max[kRows];  // raw score units
   float row_sum[kRows];  // this lane's share; the quad's sum at the end
   for (int r = 0; r < kRows; ++r) {
-    row_max[r] = -INFINITY;
+    row_max[r] = kCausal ? kPaddedScore : -INFINITY;  // a row that sees no key keeps kPaddedScore
     row_sum[r] = 0.0f;
   }
 
@@ -194,6 +208,19 @@ __global__ void __launch_bounds__(32 * kWarps)
         for (int n = 0; n < T::kKeyTiles; ++n) {
           for (int e = 0; e < 4; ++e) {
             if (n * 8 + 2 * quad_lane + e % 2 >= tile_keys) s_acc[g][n][e] = -INFINITY;
+          }
+        }
+      }
+    }
+
+    // Keys past a row's causal diagonal (kCausal), in the tiles it crosses: kPaddedScore.
+    if (kCausal && tile >= first_partial) {
+      for (int g = 0; g < kRowGroups; ++g) {
+        for (int n = 0; n < T::kKeyTiles; ++n) {
+          for (int e = 0; e < 4; ++e) {
+            const int row = warp_row0 + g * 16 + group + 8 * (e / 2);
+            const int key = tile * kBlockN + n * 8 + 2 * quad_lane + e % 2;
+            if (key < kv_tokens && !mask.sees(row, key)) s_acc[g][n][e] = kPaddedScore;
           }
         }
       }
@@ -283,8 +310,9 @@ __global__ void __launch_bounds__(32 * kWarps)
     float total = row_sum[r];
     total += __shfl_xor_sync(0xffffffffu, total, 1);
     total += __shfl_xor_sync(0xffffffffu, total, 2);
-    // A row whose keys were all padding: O = 0, L = -inf (the reference's definition).
-    const bool no_key = kMasked && row_max[r] == kPaddedScore;
+    // A row whose keys were all padding or past its diagonal: O = 0, L = -inf (the reference's
+    // definition).
+    const bool no_key = (kMasked || kCausal) && row_max[r] == kPaddedScore;
     const float inverse = no_key ? 0.0f : 1.0f / total;
     if constexpr (kWritesLse) {
       const int row = warp_row0 + g * 16 + group + 8 * half;
@@ -318,23 +346,26 @@ void launch_flash_for(Tiles<kHeadDim, kWarps, kRowGroups, kBlockN>, const attn::
   // Separate kernels, not one with `if (row_lse != nullptr)`: that test, though never taken on
   // the inference path, changed the register allocation of the whole kernel and cost it up to
   // 11% at D = 128 on the H100 (chapter 07). The mask gets kernels of its own for the same reason.
-  auto kernel = attn::with_flags(
-      [](auto lse, auto masked) {
-        return flash_attention_kernel<Element, kHeadDim, kWarps, kRowGroups, kBlockN,
-                                      decltype(lse)::value, decltype(masked)::value>;
-      },
-      args.log_sum_exp != nullptr, args.key_padding_mask != nullptr);
-  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  int(T::kSharedBytes)));
   const int row_tiles = (args.tokens + T::kBlockM - 1) / T::kBlockM;
   const int64_t blocks = int64_t(row_tiles) * args.batch * args.heads;
   const float scale_log2 = float(M_LOG2E * args.scale);
-  // The pointers are typed for fp16 (AttentionArgs); with bf16 they hold __nv_bfloat16 data.
-  kernel<<<unsigned(blocks), T::kThreads, T::kSharedBytes, args.stream>>>(
-      reinterpret_cast<const Element*>(args.q), reinterpret_cast<const Element*>(args.k),
-      reinterpret_cast<const Element*>(args.v), reinterpret_cast<Element*>(args.o),
-      args.log_sum_exp, args.key_padding_mask, args.heads, args.tokens, args.kv_tokens, row_tiles,
-      scale_log2);
+  const int diagonal = int(attn::causal_diagonal(args.causal, args.tokens, args.kv_tokens));
+  attn::with_flags(
+      [&](auto lse, auto masked, auto causal) {
+        constexpr bool kCausal = decltype(causal)::value;
+        auto kernel = flash_attention_kernel<Element, kHeadDim, kWarps, kRowGroups, kBlockN,
+                                             decltype(lse)::value, decltype(masked)::value, kCausal>;
+        CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        int(T::kSharedBytes)));
+        // The pointers are typed for fp16 (AttentionArgs); with bf16 they hold __nv_bfloat16 data.
+        kernel<<<unsigned(blocks), T::kThreads, T::kSharedBytes, args.stream>>>(
+            reinterpret_cast<const Element*>(args.q), reinterpret_cast<const Element*>(args.k),
+            reinterpret_cast<const Element*>(args.v), reinterpret_cast<Element*>(args.o),
+            args.log_sum_exp, args.key_padding_mask, args.heads, args.tokens,
+            policies::Mask<kCausal>{args.kv_tokens, diagonal}, row_tiles, scale_log2);
+      },
+      args.log_sum_exp != nullptr, args.key_padding_mask != nullptr,
+      args.causal != attn::Causal::none);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -394,5 +425,6 @@ ATTN_REGISTER_STEP(attn::StepInfo{ATTN_STEP_ID,
                                   /*writes_log_sum_exp=*/true, /*launch_backward=*/nullptr,
                                   /*forward_step=*/"",
                                   {attn::DType::fp16, attn::DType::bf16},
-                                  /*takes_kv_tokens=*/true, /*takes_key_padding_mask=*/true}
+                                  /*takes_kv_tokens=*/true, /*takes_key_padding_mask=*/true,
+                                  /*takes_causal=*/true}
                        .with_tiles(tile_sizes))

@@ -41,6 +41,7 @@
 #include "dispatch.hpp"
 #include "element_type.hpp"
 #include "hopper/hopper.cuh"
+#include "policies/mask.cuh"
 #include "step.hpp"
 
 namespace {
@@ -115,29 +116,43 @@ __device__ __forceinline__ float pairwise(float (&values)[kCount], Op op) {
   return values[0];
 }
 
-// The work tiles of a launch, walked the same way by the producer and the consumers.
+// The work tiles of a launch, walked the same way by the producer and the consumers: a slice's
+// row tiles one after the other (neighbours share a slice's K and V). Under a causal mask a row
+// tile near the bottom has many more K/V tiles than one near the top, so they are taken from the
+// bottom up: the longest first, the short ones last, where they fill the gaps between blocks.
 struct WorkTile {
   int head, batch, row0;
 };
+template <bool kLongestFirst = false>
 __device__ __forceinline__ WorkTile work_tile(int index, int row_tiles, int heads, int block_m) {
-  const int slice = index / row_tiles;  // neighbours share a slice's K and V
-  return {slice % heads, slice / heads, (index % row_tiles) * block_m};
+  const int slice = index / row_tiles;
+  const int row_tile = kLongestFirst ? row_tiles - 1 - index % row_tiles : index % row_tiles;
+  return {slice % heads, slice / heads, row_tile * block_m};
+}
+
+// The K/V tiles of a work tile, the same number for the producer and both consumers: those
+// the mask policy says its 128 rows see (all of N_k's without a causal mask).
+template <typename T, bool kCausal>
+__device__ __forceinline__ int kv_tiles_of(const policies::Mask<kCausal>& mask, const WorkTile& tile) {
+  return mask.kv_tiles(tile.row0, T::kBlockM, T::kBlockN);
 }
 
 // The producer: one thread issues every copy, Q once per work tile, then K and V of its K/V
 // tiles, walking the same work tiles as the consumers.
-template <typename T, typename Element>
+template <typename T, typename Element, bool kCausal>
 __device__ __forceinline__ void produce(SharedStorage<T, Element>& smem,
                                         hopper::Ring<T::kQBuffers>& q_ring,
                                         hopper::Ring<T::kStages>& k_ring,
                                         hopper::Ring<T::kStages>& v_ring, const CUtensorMap& q_map,
                                         const CUtensorMap& k_map, const CUtensorMap& v_map,
-                                        int heads, int row_tiles, int work_tiles, int kv_tiles) {
+                                        const policies::Mask<kCausal>& mask, int heads,
+                                        int row_tiles, int work_tiles) {
   constexpr int kTileColumns = T::kTileColumns, kBlockN = T::kBlockN, kStages = T::kStages;
   constexpr int kSwizzleColumns = T::kSwizzleColumns;
   // Rows [kv_tile * kBlockN, ...) of K or V into the buffer of this use of the ring.
   auto load = [&](hopper::Ring<kStages>& ring, Element (*tiles)[kBlockN * kTileColumns],
                   const CUtensorMap* map, int use, int kv_tile, const WorkTile& tile) {
+    hopper::check_tile_seen(mask, kv_tile, kBlockN, tile.row0, T::kBlockM);
     ring.wait_empty(use);
     uint64_t* full = ring.arm(use, T::kKVBytes);
     for (int c = 0; c < T::kColumnBlocks; ++c) {
@@ -147,7 +162,8 @@ __device__ __forceinline__ void produce(SharedStorage<T, Element>& smem,
   };
   int kv_use = 0;
   for (int index = blockIdx.x, q_use = 0; index < work_tiles; index += gridDim.x, ++q_use) {
-    const WorkTile tile = work_tile(index, row_tiles, heads, T::kBlockM);
+    const WorkTile tile = work_tile<kCausal>(index, row_tiles, heads, T::kBlockM);
+    const int kv_tiles = kv_tiles_of<T>(mask, tile);
     // BEGIN EXERCISE: load the work tile's Q, then K and V of its K/V tiles, last tile first
     q_ring.wait_empty(q_use);
     uint64_t* q_full = q_ring.arm(q_use, T::kQBytes);
@@ -155,13 +171,16 @@ __device__ __forceinline__ void produce(SharedStorage<T, Element>& smem,
       hopper::tma_load(smem.q[q_ring.slot(q_use)] + c * T::kBlockM * kSwizzleColumns, &q_map,
                        q_full, c * kSwizzleColumns, tile.row0, tile.head, tile.batch);
     }
-    // Visit i (0 = the last K/V tile) uses K/V tile kv_tiles - 1 - i.
-    load(k_ring, smem.k, &k_map, kv_use, kv_tiles - 1, tile);
-    for (int i = 1; i < kv_tiles; ++i) {
-      load(k_ring, smem.k, &k_map, kv_use + i, kv_tiles - 1 - i, tile);
-      load(v_ring, smem.v, &v_map, kv_use + i - 1, kv_tiles - i, tile);
+    // Visit i (0 = the last K/V tile) uses K/V tile kv_tiles - 1 - i. A work tile above the
+    // causal diagonal has none.
+    if (kv_tiles > 0) {
+      load(k_ring, smem.k, &k_map, kv_use, kv_tiles - 1, tile);
+      for (int i = 1; i < kv_tiles; ++i) {
+        load(k_ring, smem.k, &k_map, kv_use + i, kv_tiles - 1 - i, tile);
+        load(v_ring, smem.v, &v_map, kv_use + i - 1, kv_tiles - i, tile);
+      }
+      load(v_ring, smem.v, &v_map, kv_use + kv_tiles - 1, 0, tile);
     }
-    load(v_ring, smem.v, &v_map, kv_use + kv_tiles - 1, 0, tile);
     kv_use += kv_tiles;
     // END EXERCISE
   }
@@ -232,9 +251,10 @@ __device__ __forceinline__ void online_softmax(float (&s_acc)[kBlockN / 2], floa
 // kWritesLse: the epilogue also writes each row's L to row_lse (a kernel of its own, as in v6).
 // Element: __half or __nv_bfloat16, the type the tensor maps and the wgmma instructions name.
 // kMasked: key_padding ([B, N_k] bytes, 1: padding) marks keys that get no weight, as in v6
-// (kPaddedScore), a kernel of its own too.
+// (kPaddedScore), a kernel of its own too. kCausal: the causal mask (policies/mask.cuh) decides
+// which K/V tiles a work tile walks, and its boundary tiles mask their keys with kPaddedScore.
 constexpr float kPaddedScore = -0x1p100f;  // below any real score, and exact times the scale
-template <typename T, bool kWritesLse, typename Element, bool kMasked>
+template <typename T, bool kWritesLse, typename Element, bool kMasked, bool kCausal>
 __global__ void __launch_bounds__(T::kThreads, 1)
     warp_specialized_attention_kernel(const __grid_constant__ CUtensorMap q_map,
                                       const __grid_constant__ CUtensorMap k_map,
@@ -242,7 +262,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
                                       const __grid_constant__ CUtensorMap o_map,
                                       float* __restrict__ row_lse,
                                       const uint8_t* __restrict__ key_padding, int heads,
-                                      int tokens, int kv_tokens,
+                                      int tokens, const policies::Mask<kCausal> mask,
                                       int row_tiles, int work_tiles, float scale_log2) {
   constexpr int kTileColumns = T::kTileColumns, kBlockN = T::kBlockN, kStages = T::kStages;
   constexpr int kSwizzleColumns = T::kSwizzleColumns;
@@ -255,7 +275,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
 
   const int warp_group = threadIdx.x / 128;
   const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
-  const int kv_tiles = (kv_tokens + kBlockN - 1) / kBlockN;  // N_k keys: N but in cross-attention
+  const int kv_tokens = mask.kv_tokens;  // N_k keys: N but in cross-attention
   hopper::StagingBuffer o_staging(warp_group - 1);  // the consumers' (c = warp_group - 1)
 
   if (threadIdx.x == 0) {
@@ -275,8 +295,8 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     // ---------------- Producer: one thread issues every copy ----------------
     hopper::release_registers<T::kProducerRegisters>();
     if (warp != 0 || lane != 0) return;
-    produce<T, Element>(smem, q_ring, k_ring, v_ring, q_map, k_map, v_map, heads, row_tiles, work_tiles,
-                        kv_tiles);
+    produce<T, Element>(smem, q_ring, k_ring, v_ring, q_map, k_map, v_map, mask, heads, row_tiles,
+                        work_tiles);
     return;
   }
 
@@ -293,8 +313,9 @@ __global__ void __launch_bounds__(T::kThreads, 1)
 
   int kv_use = 0;
   for (int index = blockIdx.x, q_use = 0; index < work_tiles; index += gridDim.x, ++q_use) {
-    const WorkTile tile = work_tile(index, row_tiles, heads, T::kBlockM);
+    const WorkTile tile = work_tile<kCausal>(index, row_tiles, heads, T::kBlockM);
     const int my_row0 = tile.row0 + consumer * 64;
+    const int kv_tiles = kv_tiles_of<T>(mask, tile);
 
     // A warpgroup with no rows before N in this work tile only keeps the barrier counts.
     if (my_row0 >= tokens) {
@@ -304,7 +325,10 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     }
 
     float o_acc[kTileColumns / 2] = {};
-    float row_max[2] = {-INFINITY, -INFINITY};  // raw score units
+    // Raw score units. Under the causal mask a row may see no key of a tile, or none at all:
+    // starting from kPaddedScore, its maximum stays finite, and stays kPaddedScore if it sees none.
+    const float no_score = kCausal ? kPaddedScore : -INFINITY;
+    float row_max[2] = {no_score, no_score};
     float row_sum[2] = {0.0f, 0.0f};            // this lane's share; the quad's sum at the end
     float s_acc[kBlockN / 2];                   // S, then exp(S - max) in place
     uint32_t p_fragments[T::kKeySteps][4];      // P in fp16: the A operand of P V
@@ -388,6 +412,19 @@ __global__ void __launch_bounds__(T::kThreads, 1)
         }
       }
     };
+    // Under the causal mask, the keys of K/V tile kv_tile that a row does not see (past its
+    // diagonal or past N_k) get kPaddedScore. Element e of 8-key block i: key 8 i + 2 quad_lane
+    // + e % 2 of the tile, row lane / 4 + 8 (e / 2) of the warp's 16.
+    auto mask_causal = [&](int kv_tile) {
+      for (int i = 0; i < kBlockN / 8; ++i) {
+        for (int e = 0; e < 4; ++e) {
+          const int row = my_row0 + warp * 16 + lane / 4 + 8 * (e / 2);
+          if (!mask.sees(row, kv_tile * kBlockN + 8 * i + 2 * quad_lane + e % 2)) {
+            s_acc[4 * i + e] = kPaddedScore;
+          }
+        }
+      }
+    };
     // P in fp16 (or bf16), laid out as wgmma's A operand (two 8-key accumulator blocks per 16-key step).
     auto pack_probabilities = [&]() {
       for (int step = 0; step < T::kKeySteps; ++step) {
@@ -399,59 +436,69 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     };
 
     q_ring.wait_full(q_use);
-
-    // Visit 0 is the last K/V tile: the only one that can hold keys past N_k (their K rows are
-    // TMA's zeros), which get -inf, so p = 0.
-    PaddingBytes fetched = fetch_padding(kv_tiles - 1);
-    k_ring.wait_full(kv_use);
-    issue_scores(kv_use);
-    groups.wait<0>();
-    hopper::fence_registers(s_acc);
-    k_ring.release(kv_use, lane, groups);
-    const int last_tile_keys = kv_tokens - (kv_tiles - 1) * kBlockN;
-    if (last_tile_keys < kBlockN) {
-      for (int i = 0; i < kBlockN / 8; ++i) {
-        for (int e = 0; e < 4; ++e) {
-          if (8 * i + 2 * quad_lane + e % 2 >= last_tile_keys) s_acc[4 * i + e] = -INFINITY;
-        }
-      }
-    }
-    mask_padding(vote_padding(fetched, kv_tiles - 1));
-    if (kv_tiles > 1) fetched = fetch_padding(kv_tiles - 2);
-    online_softmax<kBlockN>(s_acc, row_max, row_sum, correction, scale_log2);  // O is still zero
-    pack_probabilities();
-
-    // Every other visit, to full tiles: its S = Q K^T and the previous visit's P V go to the
-    // tensor cores together (in this consumer's turn), and the softmax of this S runs while
-    // that P V does.
-    for (int i = 1; i < kv_tiles; ++i) {
-      k_ring.wait_full(kv_use + i);
-      v_ring.wait_full(kv_use + i - 1);
-      turns.wait_for_turn();
-      issue_scores(kv_use + i);
-      issue_output(kv_use + i - 1);
-      turns.pass_turn();
-      groups.wait<1>();  // S is ready; P V may still run
+    if (kCausal && kv_tiles == 0) {  // every row above the diagonal: O = 0, L = -inf
+      q_ring.release(q_use, lane, groups);
+    } else {
+      // Visit 0 is the last K/V tile: the only one that can hold keys past N_k (their K rows are
+      // TMA's zeros), which get -inf, so p = 0. Under the causal mask the first visits, to the
+      // tiles from mask.first_partial_tile on, hold the keys past the diagonal as well.
+      const int partial_visits = kv_tiles - mask.first_partial_tile(tile.row0, kBlockN);
+      PaddingBytes fetched = fetch_padding(kv_tiles - 1);
+      k_ring.wait_full(kv_use);
+      issue_scores(kv_use);
+      groups.wait<0>();
       hopper::fence_registers(s_acc);
-      k_ring.release(kv_use + i, lane, groups);
-      mask_padding(vote_padding(fetched, kv_tiles - 1 - i));
-      if (i + 1 < kv_tiles) fetched = fetch_padding(kv_tiles - 2 - i);
-      online_softmax<kBlockN>(s_acc, row_max, row_sum, correction, scale_log2);
-      await_output();  // now the V buffer is free, and O and P may change
-      v_ring.release(kv_use + i - 1, lane, groups);
-      for (int half = 0; half < 2; ++half) {
-        for (int d = 0; d < kTileColumns / 8; ++d) {
-          o_acc[4 * d + 2 * half] *= correction[half];
-          o_acc[4 * d + 2 * half + 1] *= correction[half];
+      k_ring.release(kv_use, lane, groups);
+      if constexpr (kCausal) {
+        mask_causal(kv_tiles - 1);
+      } else {
+        const int last_tile_keys = kv_tokens - (kv_tiles - 1) * kBlockN;
+        if (last_tile_keys < kBlockN) {
+          for (int i = 0; i < kBlockN / 8; ++i) {
+            for (int e = 0; e < 4; ++e) {
+              if (8 * i + 2 * quad_lane + e % 2 >= last_tile_keys) s_acc[4 * i + e] = -INFINITY;
+            }
+          }
         }
       }
+      mask_padding(vote_padding(fetched, kv_tiles - 1));
+      if (kv_tiles > 1) fetched = fetch_padding(kv_tiles - 2);
+      online_softmax<kBlockN>(s_acc, row_max, row_sum, correction, scale_log2);  // O is still zero
       pack_probabilities();
+
+      // Every other visit, to full tiles: its S = Q K^T and the previous visit's P V go to the
+      // tensor cores together (in this consumer's turn), and the softmax of this S runs while
+      // that P V does.
+      for (int i = 1; i < kv_tiles; ++i) {
+        k_ring.wait_full(kv_use + i);
+        v_ring.wait_full(kv_use + i - 1);
+        turns.wait_for_turn();
+        issue_scores(kv_use + i);
+        issue_output(kv_use + i - 1);
+        turns.pass_turn();
+        groups.wait<1>();  // S is ready; P V may still run
+        hopper::fence_registers(s_acc);
+        k_ring.release(kv_use + i, lane, groups);
+        if (kCausal && i < partial_visits) mask_causal(kv_tiles - 1 - i);
+        mask_padding(vote_padding(fetched, kv_tiles - 1 - i));
+        if (i + 1 < kv_tiles) fetched = fetch_padding(kv_tiles - 2 - i);
+        online_softmax<kBlockN>(s_acc, row_max, row_sum, correction, scale_log2);
+        await_output();  // now the V buffer is free, and O and P may change
+        v_ring.release(kv_use + i - 1, lane, groups);
+        for (int half = 0; half < 2; ++half) {
+          for (int d = 0; d < kTileColumns / 8; ++d) {
+            o_acc[4 * d + 2 * half] *= correction[half];
+            o_acc[4 * d + 2 * half + 1] *= correction[half];
+          }
+        }
+        pack_probabilities();
+      }
+      q_ring.release(q_use, lane, groups);  // every S = Q K^T of this work tile is complete
+      v_ring.wait_full(kv_use + kv_tiles - 1);
+      issue_output(kv_use + kv_tiles - 1);
+      await_output();
+      v_ring.release(kv_use + kv_tiles - 1, lane, groups);
     }
-    q_ring.release(q_use, lane, groups);  // every S = Q K^T of this work tile is complete
-    v_ring.wait_full(kv_use + kv_tiles - 1);
-    issue_output(kv_use + kv_tiles - 1);
-    await_output();
-    v_ring.release(kv_use + kv_tiles - 1, lane, groups);
     kv_use += kv_tiles;
 
     // Normalise and stage this warpgroup's rows of O (once the previous tile's store has read
@@ -463,8 +510,9 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       float total = row_sum[half];
       total += __shfl_xor_sync(0xffffffffu, total, 1);
       total += __shfl_xor_sync(0xffffffffu, total, 2);
-      // A row whose keys were all padding: O = 0, L = -inf (the reference's definition).
-      const bool no_key = kMasked && row_max[half] == kPaddedScore;
+      // A row whose keys were all padding or past its diagonal: O = 0, L = -inf (the reference's
+      // definition).
+      const bool no_key = (kMasked || kCausal) && row_max[half] == kPaddedScore;
       inverse[half] = no_key ? 0.0f : 1.0f / total;
       if constexpr (kWritesLse) {
         const int row = my_row0 + warp * 16 + lane / 4 + 8 * half;
@@ -508,13 +556,6 @@ void launch_for(const attn::AttentionArgs& args) {
   // Q in work tiles of rows, K and V in tiles of keys, O in a consumer's 64 rows (views too).
   const hopper::AttentionMaps maps =
       hopper::attention_maps<T::kSwizzle>(args, T::kBlockM, T::kBlockN, 64);
-  auto kernel = attn::with_flags(
-      [](auto lse, auto masked) {
-        return warp_specialized_attention_kernel<T, decltype(lse)::value, Element, decltype(masked)::value>;
-      },
-      args.log_sum_exp != nullptr, args.key_padding_mask != nullptr);
-  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  int(kSharedBytes<T>)));
   int device = 0, sm_count = 0;
   CUDA_CHECK(cudaGetDevice(&device));
   CUDA_CHECK(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device));
@@ -524,9 +565,21 @@ void launch_for(const attn::AttentionArgs& args) {
   int blocks = int(std::min<int64_t>(work_tiles, sm_count));  // persistent: one per SM
   if (args.max_persistent_blocks > 0) blocks = std::min(blocks, args.max_persistent_blocks);
   const float scale_log2 = float(M_LOG2E * args.scale);
-  kernel<<<blocks, T::kThreads, kSharedBytes<T>, args.stream>>>(
-      maps.q, maps.k, maps.v, maps.o, args.log_sum_exp, args.key_padding_mask, args.heads,
-      args.tokens, args.kv_tokens, row_tiles, int(work_tiles), scale_log2);
+  const int diagonal = int(attn::causal_diagonal(args.causal, args.tokens, args.kv_tokens));
+  attn::with_flags(
+      [&](auto lse, auto masked, auto causal) {
+        constexpr bool kCausal = decltype(causal)::value;
+        auto kernel = warp_specialized_attention_kernel<T, decltype(lse)::value, Element,
+                                                        decltype(masked)::value, kCausal>;
+        CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        int(kSharedBytes<T>)));
+        kernel<<<blocks, T::kThreads, kSharedBytes<T>, args.stream>>>(
+            maps.q, maps.k, maps.v, maps.o, args.log_sum_exp, args.key_padding_mask, args.heads,
+            args.tokens, policies::Mask<kCausal>{args.kv_tokens, diagonal}, row_tiles,
+            int(work_tiles), scale_log2);
+      },
+      args.log_sum_exp != nullptr, args.key_padding_mask != nullptr,
+      args.causal != attn::Causal::none);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -594,5 +647,6 @@ ATTN_REGISTER_STEP(attn::StepInfo{ATTN_STEP_ID,
                                   hopper::kPipelineReport, /*writes_log_sum_exp=*/true,
                                   /*launch_backward=*/nullptr, /*forward_step=*/"",
                                   {attn::DType::fp16, attn::DType::bf16},
-                                  /*takes_kv_tokens=*/true, /*takes_key_padding_mask=*/true}
+                                  /*takes_kv_tokens=*/true, /*takes_key_padding_mask=*/true,
+                                  /*takes_causal=*/true}
                        .with_tiles(tile_sizes))
