@@ -382,6 +382,7 @@ int attn_step_get(int index, attn_step_info* info) {
                                step.dtypes.end() ? 1 : 0;
     info->takes_kv_tokens = step.takes_kv_tokens ? 1 : 0;
     info->takes_key_padding_mask = step.takes_key_padding_mask ? 1 : 0;
+    info->takes_causal = step.takes_causal ? 1 : 0;
   });
 }
 
@@ -473,6 +474,17 @@ attn::TensorStrides strides_of(const char* name, const attn_strides& given,
   return strides;
 }
 
+// ATTN_CAUSAL_* as the harness's alignment.
+attn::Causal causal_of(int causal) {
+  switch (causal) {
+    case ATTN_CAUSAL_NONE: return attn::Causal::none;
+    case ATTN_CAUSAL_TOP_LEFT: return attn::Causal::top_left;
+    case ATTN_CAUSAL_BOTTOM_RIGHT: return attn::Causal::bottom_right;
+  }
+  throw Refused{"causal " + std::to_string(causal) + " is not ATTN_CAUSAL_NONE (0), "
+                "ATTN_CAUSAL_TOP_LEFT (1) or ATTN_CAUSAL_BOTTOM_RIGHT (2)"};
+}
+
 // attn_launch, which every attn_run* function is a case of. Nothing is queued unless every
 // argument is accepted.
 void launch_call(const char* id, const attn_launch_args& call) {
@@ -488,6 +500,7 @@ void launch_call(const char* id, const attn_launch_args& call) {
   }
   // A mask is part of the problem: a step that takes none refuses it, naming --key-padding.
   shape.key_padding = call.key_padding_mask != nullptr;
+  shape.causal = causal_of(call.causal);
   if (call.log_sum_exp != nullptr && !step.writes_log_sum_exp) {
     throw Refused{step.id + " does not write L (the log-sum-exp); steps that do have "
                   "writes_log_sum_exp in their info"};
@@ -523,8 +536,9 @@ void launch_backward_call(const char* id, const attn_backward_args& call) {
   if (!attn::is_backward(step.kind)) {
     throw Refused{step.id + " is a forward step; attn_launch_backward runs backward steps"};
   }
-  const attn::Shape shape =
+  attn::Shape shape =
       with_dtype(shape_of(call.batch, call.heads, call.tokens, call.head_dim), call.dtype);
+  shape.causal = causal_of(call.causal);
   check_scale(call.scale);
   const int device = device_for_launch(step, shape);
   const bool query_cuda = call.pointers_checked_by_caller == 0;
@@ -561,6 +575,7 @@ void launch_backward_call(const char* id, const attn_backward_args& call) {
   args.scale = call.scale > 0.0 ? call.scale : 1.0 / std::sqrt(double(shape.head_dim));
   args.stream = static_cast<cudaStream_t>(call.stream);
   args.deterministic = call.deterministic != 0;
+  args.causal = shape.causal;
   with_workspace(step, shape, device, call.workspace, call.workspace_bytes, query_cuda, call.stream,
                  {}, 0, [&](void* workspace) {
                    args.workspace = workspace;

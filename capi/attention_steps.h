@@ -35,7 +35,7 @@ extern "C" {
 #endif
 
 /* Bumped when a signature or a struct below changes. */
-#define ATTN_ABI_VERSION 5
+#define ATTN_ABI_VERSION 6
 
 #define ATTN_OK 0
 #define ATTN_REFUSED 2
@@ -46,6 +46,13 @@ extern "C" {
 /* The element type of the 16-bit tensors (attn_launch_args, attn_backward_args). */
 #define ATTN_DTYPE_FP16 0
 #define ATTN_DTYPE_BF16 1
+
+/* The causal mask (attn_launch_args::causal, attn_backward_args::causal): query i sees key j only
+ * where j <= i (top left, as PyTorch's is_causal) or j <= i + N_k - N (bottom right, as
+ * FlashAttention). They agree when N_k = N. A query that sees no key gets O = 0 and L = -inf. */
+#define ATTN_CAUSAL_NONE 0
+#define ATTN_CAUSAL_TOP_LEFT 1
+#define ATTN_CAUSAL_BOTTOM_RIGHT 2
 
 /* What a step states about itself, the same on every GPU. The strings live as long as the
  * library stays loaded. */
@@ -65,6 +72,7 @@ typedef struct attn_step_info {
   int takes_bf16;              /* 1 when it takes dtype ATTN_DTYPE_BF16 as well as fp16 */
   int takes_kv_tokens;         /* 1 when it serves kv_tokens != tokens (cross-attention) */
   int takes_key_padding_mask;  /* 1 when it honours attn_launch_args::key_padding_mask */
+  int takes_causal;            /* 1 when it honours attn_launch_args::causal (or the backward's) */
 } attn_step_info;
 
 /* The strides, in elements, of a [B, H, N, D] view whose rows of D values are contiguous:
@@ -188,6 +196,9 @@ typedef struct attn_launch_args {
   /* ATTN_DTYPE_FP16 (0) or ATTN_DTYPE_BF16 for q, k, v and o; a step that does not take bf16
    * (takes_bf16 0) refuses it. */
   int dtype;
+  /* ATTN_CAUSAL_NONE (0), ATTN_CAUSAL_TOP_LEFT or ATTN_CAUSAL_BOTTOM_RIGHT; a step whose info
+   * has takes_causal 0 refuses a causal mask. Combines with key_padding_mask. */
+  int causal;
 } attn_launch_args;
 
 /* The one general launch: attn_run, attn_run_with_workspace, attn_run_strided and
@@ -221,6 +232,7 @@ typedef struct attn_backward_args {
   int pointers_checked_by_caller;
   int deterministic;  /* 1: no atomics, the same bits on every run (slower) */
   int dtype;          /* ATTN_DTYPE_FP16 (0) or ATTN_DTYPE_BF16, as in attn_launch_args */
+  int causal;         /* the forward's causal mask, as in attn_launch_args */
 } attn_backward_args;
 
 /* Runs backward step `id`; refuses a forward step. Queued on the stream, like attn_launch. */

@@ -19,6 +19,9 @@ fp32 on the same inputs (relative Frobenius error of each); v10's too.
     python3 scripts/compare_backward.py --csv docs/results/h100/backward.csv
     python3 scripts/compare_backward.py --dtype bf16 --csv backward_bf16.csv   # no eager row:
                                                                # eager_backward takes fp16 only
+    python3 scripts/compare_backward.py --causal --csv causal.csv  # is_causal=True; v10 and the
+                     # SDPA rows only (v9 and eager_backward take no causal mask), the forward of
+                     # O and L by v8; FLOPs count the N (N + 1) / 2 pairs a causal mask leaves
 """
 import argparse
 import csv
@@ -38,6 +41,7 @@ def main(argv=None):
     parser.add_argument("--windows", type=int, default=7)
     parser.add_argument("--calls", type=int, default=10, help="calls per window")
     parser.add_argument("--dtype", choices=("fp16", "bf16"), default="fp16")
+    parser.add_argument("--causal", action="store_true", help="causal attention (top left)")
     parser.add_argument("--shapes", default="",
                         help="B,H,N,D;... (default: the five of chapter 12)")
     args = parser.parse_args(argv)
@@ -64,13 +68,14 @@ def main(argv=None):
         batch, heads, tokens, head_dim = shape
         torch.manual_seed(0)
         q, k, v, d_o = (torch.randn(shape, device="cuda", dtype=dtype) for _ in range(4))
-        o, lse = attention(q, k, v, "v6", None, None, True)
+        causal = "top-left" if args.causal else None
+        o, lse = attention(q, k, v, "v8" if args.causal else "v6", None, None, True, causal)
 
         def v9():
             return backward(d_o, q, k, v, o, lse, "v9")
 
         def v10():
-            return backward(d_o, q, k, v, o, lse, "v10")
+            return backward(d_o, q, k, v, o, lse, "v10", None, False, causal)
 
         def eager():
             return backward(d_o, q, k, v, o, lse, "eager_backward")
@@ -79,21 +84,22 @@ def main(argv=None):
 
         def sdpa_backward(backend):
             with sdpa_kernel(backend):
-                result = F.scaled_dot_product_attention(*leaves)
+                result = F.scaled_dot_product_attention(*leaves, is_causal=args.causal)
 
             def run():
                 return torch.autograd.grad(result, leaves, d_o, retain_graph=True)
             return run
 
         hopper = torch.cuda.get_device_capability() == (9, 0)  # v10 runs there alone
-        calls = {"v9": v9, **({"v10": v10} if hopper else {}),
-                 **({"eager": eager} if args.dtype == "fp16" else {}),
+        calls = {**({"v9": v9} if not args.causal else {}), **({"v10": v10} if hopper else {}),
+                 **({"eager": eager} if args.dtype == "fp16" and not args.causal else {}),
                  "flash": sdpa_backward(SDPBackend.FLASH_ATTENTION),
                  "cudnn": sdpa_backward(SDPBackend.CUDNN_ATTENTION)}
         # The check: the library's two against SDPA's math backend in fp32.
         exact = [t.detach().float().requires_grad_() for t in (q, k, v)]
         with sdpa_kernel(SDPBackend.MATH):
-            want = torch.autograd.grad(F.scaled_dot_product_attention(*exact), exact, d_o.float())
+            want = torch.autograd.grad(F.scaled_dot_product_attention(*exact, is_causal=args.causal),
+                                       exact, d_o.float())
         errors = {name: [((g.float() - w).norm() / w.norm()).item() for g, w in zip(calls[name](), want)]
                   for name in ("v9", "v10", "eager") if name in calls}
         windows = {name: [] for name in calls}
@@ -108,7 +114,8 @@ def main(argv=None):
                 if window > 0:
                     windows[name].append(start.elapsed_time(end) * 1000 / args.calls)
         medians = {name: statistics.median(values) for name, values in windows.items()}
-        flops = 2.5 * 4.0 * batch * heads * tokens * tokens * head_dim
+        pairs = tokens * (tokens + 1) / 2.0 if args.causal else float(tokens) * tokens
+        flops = 2.5 * 4.0 * batch * heads * pairs * head_dim
         for name, values in windows.items():
             row = {"batch": batch, "heads": heads, "tokens": tokens, "head_dim": head_dim,
                    "implementation": name, "median_us": f"{medians[name]:.1f}",

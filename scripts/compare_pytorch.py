@@ -25,7 +25,14 @@ fp16 tensor GEMM rate) are measured the same way the harness does.
 
   scripts/compare_pytorch.py [--tokens 197,577,1025] [--batch 32] [--heads 12] [--head-dim 64]
                              [--steps all|ID,ID,...] [--windows 5] [--csv FILE] [--info FILE]
-                             [--seed S] [--device K]
+                             [--seed S] [--device K] [--dtype fp16|bf16] [--causal]
+
+--dtype bf16 runs every implementation on bf16 tensors (checked with bf16's unit roundoff, 2^-8,
+in the same rule). --causal runs causal attention: SDPA with is_causal=True, the steps with
+causal="top-left" (the same mask: query i sees keys j <= i), eager attention with the mask
+added; FLOPs then count the pairs on or below the diagonal, N (N + 1) / 2 per slice, as
+FlashAttention counts them (common/problem.hpp, Shape::visible_pairs). The CSV has no dtype or
+mask column: name the file for them; --info records the command.
 
 --steps all means the PyTorch implementations; step ids need the library (the environment
 variable ATTENTION_STEPS_LIBRARY, or <checkout>/build/libattention_steps.so).
@@ -119,6 +126,8 @@ def parse_args(argv):
     parser.add_argument("--info", help="write torch, CUDA and cuDNN versions, GPU and date here")
     parser.add_argument("--seed", default="1234", help="seed of the random inputs (default 1234)")
     parser.add_argument("--device", default="0", help="CUDA device index (default 0)")
+    parser.add_argument("--dtype", choices=("fp16", "bf16"), default="fp16")
+    parser.add_argument("--causal", action="store_true", help="causal attention (top left)")
     args = parser.parse_args(argv)
     args.tokens = positive_list("--tokens", args.tokens)
     for flag in ("batch", "heads", "head_dim", "device", "seed", "windows"):
@@ -208,9 +217,11 @@ class Bench:
         torch.cuda.empty_cache()
         return 2.0 * n ** 3 / (gemm["median_us"] * 1e-6) / 1e12, copy_gbps
 
-    def check(self, q, k, v, output):
-        """The first and last (b, h) slices against fp64, with common/check.cpp's rule."""
+    def check(self, q, k, v, output, causal=False):
+        """The first and last (b, h) slices against fp64, with common/check.cpp's rule (u of the
+        inputs' dtype); causal: query i sees keys j <= i."""
         torch = self.torch
+        u = 2.0 ** -8 if q.dtype == torch.bfloat16 else UNIT_ROUNDOFF
         batch, heads, _, head_dim = q.shape
         error_sq = reference_sq = max_abs_error = max_abs_v = 0.0
         nonfinite = 0
@@ -218,6 +229,9 @@ class Bench:
         for b, h in slices:
             q64, k64, v64 = q[b, h].double(), k[b, h].double(), v[b, h].double()
             scores = (q64 @ k64.T) / math.sqrt(head_dim)
+            if causal:
+                scores = scores.masked_fill(
+                    torch.ones_like(scores, dtype=torch.bool).triu(diagonal=1), -math.inf)
             reference = torch.softmax(scores, dim=-1) @ v64
             got = output[b, h].double()
             finite = torch.isfinite(got)
@@ -229,8 +243,8 @@ class Bench:
             max_abs_error = max(max_abs_error, float(error.max()))
             max_abs_v = max(max_abs_v, float(v64.abs().max()))
         relative_error = math.sqrt(error_sq / reference_sq) if reference_sq > 0 else math.sqrt(error_sq)
-        passed = (nonfinite == 0 and relative_error <= RELATIVE_TOLERANCE
-                  and max_abs_error <= ABSOLUTE_FACTOR * max_abs_v)
+        passed = (nonfinite == 0 and relative_error <= RELATIVE_TOLERANCE / UNIT_ROUNDOFF * u
+                  and max_abs_error <= ABSOLUTE_FACTOR / UNIT_ROUNDOFF * u * max_abs_v)
         return {"passed": passed, "relative_error": relative_error, "max_abs_error": max_abs_error,
                 "checked_slices": len(slices), "nonfinite": nonfinite}
 
@@ -261,18 +275,22 @@ def step_library():
     return attention_steps, None
 
 
-def implementation(torch, step, tools, steps_module):
+def implementation(torch, step, tools, steps_module, causal=False):
     """(attention(q, k, v), a context manager factory to run it in), or a 'skipped: why'."""
     functional = torch.nn.functional
     if step not in IMPLEMENTATIONS:
         module, why_not = steps_module
         if module is None:
             return f"skipped: the repository's library did not load ({why_not})"
-        return (lambda q, k, v: module.attention(q, k, v, step=step)), contextlib.nullcontext
+        align = "top-left" if causal else None
+        return (lambda q, k, v: module.attention(q, k, v, step=step, causal=align)), contextlib.nullcontext
     backend_name = IMPLEMENTATIONS[step]
     if backend_name is None:
         def attention(q, k, v):  # a ViT block without fused attention (timm's Attention)
             scores = (q * (1.0 / math.sqrt(q.shape[-1]))) @ k.transpose(-2, -1)
+            if causal:
+                above = torch.ones(scores.shape[-2:], dtype=torch.bool, device=q.device).triu(1)
+                scores = scores.masked_fill(above, -math.inf)
             return scores.softmax(dim=-1) @ v
         return attention, contextlib.nullcontext
     if tools is None:
@@ -281,10 +299,14 @@ def implementation(torch, step, tools, steps_module):
     backend = getattr(sdpa_backend, backend_name, None)
     if backend is None:
         return f"skipped: torch {torch.__version__} has no SDPBackend.{backend_name}"
-    return functional.scaled_dot_product_attention, (lambda: sdpa_kernel(backend))
+    sdpa = functional.scaled_dot_product_attention
+    if causal:
+        return (lambda q, k, v: sdpa(q, k, v, is_causal=True)), (lambda: sdpa_kernel(backend))
+    return sdpa, (lambda: sdpa_kernel(backend))
 
 
-def measure(bench, torch, steps, tools, steps_module, shape, seed, windows):
+def measure(bench, torch, steps, tools, steps_module, shape, seed, windows, dtype="fp16",
+            causal=False):
     """Every implementation on one shape: {step: result dict for its row}. Each is checked once,
     then timed in `windows` windows, interleaved with the others (rotated order per window)."""
     batch, heads, tokens, head_dim = shape
@@ -296,7 +318,9 @@ def measure(bench, torch, steps, tools, steps_module, shape, seed, windows):
     inputs = []
     try:
         first = [torch.randn(batch, heads, tokens, head_dim, device=bench.device,
-                             generator=generator, dtype=torch.float16) for _ in range(3)]
+                             generator=generator,
+                             dtype=torch.bfloat16 if dtype == "bf16" else torch.float16)
+                 for _ in range(3)]
         inputs.append(first)
         for _ in range(1, sets):
             try:
@@ -305,7 +329,7 @@ def measure(bench, torch, steps, tools, steps_module, shape, seed, windows):
                 break  # fewer sets, as the bench does when memory is short
         sets = len(inputs)
         for step in steps:
-            found = implementation(torch, step, tools, steps_module)
+            found = implementation(torch, step, tools, steps_module, causal)
             if isinstance(found, str):
                 results[step] = {"status": found}
                 continue
@@ -322,7 +346,7 @@ def measure(bench, torch, steps, tools, steps_module, shape, seed, windows):
                     why = one_line("; ".join(str(w.message) for w in caught) or error)
                     results[step] = {"status": f"skipped: {step} cannot run this shape: {why}"}
                     continue
-            check = bench.check(*inputs[0], output)
+            check = bench.check(*inputs[0], output, causal)
             del output
             results[step] = {"check": check, "buffer_sets": sets, "windows": [],
                              "status": "passed" if check["passed"] else "failed"}
@@ -358,11 +382,13 @@ def measure(bench, torch, steps, tools, steps_module, shape, seed, windows):
     return results
 
 
-def row_for(step, shape, result, ceilings, gpu):
+def row_for(step, shape, result, ceilings, gpu, causal=False):
     batch, heads, tokens, head_dim = shape
     tensor_tflops, copy_gbps = ceilings
-    # common/problem.hpp's Shape::flops() and min_bytes(): two N x N x D GEMMs, Q, K, V and O once.
-    flops = 4.0 * batch * heads * tokens * tokens * head_dim
+    # common/problem.hpp's Shape::flops() and min_bytes(): two N x N x D GEMMs over the pairs a
+    # query sees (N (N + 1) / 2 under the causal mask), Q, K, V and O once.
+    pairs = tokens * (tokens + 1) / 2.0 if causal else float(tokens) * tokens
+    flops = 4.0 * batch * heads * pairs * head_dim
     min_bytes = 4.0 * batch * heads * tokens * head_dim * 2
     row = dict.fromkeys(CSV_COLUMNS + WINDOW_COLUMNS, "")
     row.update(step=step, batch=batch, heads=heads, tokens=tokens, head_dim=head_dim, iters=0,
@@ -438,10 +464,10 @@ def run(argv):
         for tokens in args.tokens:
             shape = (args.batch, args.heads, tokens, args.head_dim)
             results = measure(bench, torch, args.steps, tools, steps_module, shape, args.seed,
-                              args.windows)
+                              args.windows, args.dtype, args.causal)
             for step in args.steps:
                 result = results[step]
-                row = row_for(step, shape, result, ceilings, bench.gpu)
+                row = row_for(step, shape, result, ceilings, bench.gpu, args.causal)
                 writer.writerow([row[column] for column in CSV_COLUMNS + WINDOW_COLUMNS])
                 out.flush()
                 any_failed = any_failed or result["status"] == "failed"

@@ -24,7 +24,7 @@ from typing import Optional, Sequence, Tuple
 
 LIBRARY_NAME = "libattention_steps.so"
 ENVIRONMENT_VARIABLE = "ATTENTION_STEPS_LIBRARY"
-ABI_VERSION = 5          # capi/attention_steps.h: ATTN_ABI_VERSION
+ABI_VERSION = 6          # capi/attention_steps.h: ATTN_ABI_VERSION
 OK, REFUSED, CUDA_ERROR = 0, 2, 3
 MAX_HEAD_DIMS = 8        # ATTN_MAX_HEAD_DIMS
 MESSAGE_BYTES = 1024
@@ -69,6 +69,7 @@ class StepInfo:
     takes_bf16: bool = False  # takes bf16 tensors as well as fp16 (the PyTorch operator's dtype)
     takes_kv_tokens: bool = False  # serves keys and values of another count (cross-attention)
     takes_key_padding_mask: bool = False  # honours a [B, N_k] key-padding mask
+    takes_causal: bool = False  # honours a causal mask (either alignment)
 
 
 @dataclass(frozen=True)
@@ -96,6 +97,7 @@ class _StepInfoStruct(ctypes.Structure):
         ("takes_bf16", ctypes.c_int),
         ("takes_kv_tokens", ctypes.c_int),
         ("takes_key_padding_mask", ctypes.c_int),
+        ("takes_causal", ctypes.c_int),
     ]
 
 
@@ -116,8 +118,12 @@ class _LaunchArgsStruct(ctypes.Structure):  # attn_launch_args
         ("stream", ctypes.c_void_p),
         ("pointers_checked_by_caller", ctypes.c_int),
         ("dtype", ctypes.c_int),
+        ("causal", ctypes.c_int),
     ]
 
+
+# capi/attention_steps.h: ATTN_CAUSAL_NONE, ATTN_CAUSAL_TOP_LEFT, ATTN_CAUSAL_BOTTOM_RIGHT.
+CAUSAL_ALIGNMENTS = {None: 0, "top-left": 1, "bottom-right": 2}
 
 _i64, _size, _ptr, _char_p = ctypes.c_int64, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_char_p
 _SIGNATURES = {
@@ -238,7 +244,8 @@ class Library:
                 writes_log_sum_exp=bool(info.writes_log_sum_exp),
                 is_backward=bool(info.is_backward), takes_bf16=bool(info.takes_bf16),
                 takes_kv_tokens=bool(info.takes_kv_tokens),
-                takes_key_padding_mask=bool(info.takes_key_padding_mask)))
+                takes_key_padding_mask=bool(info.takes_key_padding_mask),
+                takes_causal=bool(info.takes_causal)))
         self._steps = tuple(found)
         return found
 
@@ -290,14 +297,16 @@ class Library:
         return result.value
 
     def run(self, step, q, k, v, o, shape, stream=0, workspace=None, workspace_bytes=0,
-            qkv_strides=None, o_strides=None, log_sum_exp=None, scale=None):
+            qkv_strides=None, o_strides=None, log_sum_exp=None, scale=None, causal=None):
         """Queues the step (attn_launch) on raw device pointers (ints) of fp16 [B, H, N, D]
         tensors, on the cudaStream_t `stream` (an int; 0 is the legacy default stream). Without
         a workspace, a step that needs one allocates it stream-ordered. qkv_strides and
         o_strides, element strides (batch, head, token) of views, go to a step that
         takes_strides (None: contiguous). log_sum_exp, a device pointer to B*H*N fp32 values,
         receives each row's L from a step that writes_log_sum_exp. scale multiplies the scores
-        (None: 1/sqrt(D))."""
+        (None: 1/sqrt(D)). causal: None, "top-left" (query i sees keys j <= i, as PyTorch's
+        is_causal) or "bottom-right" (j <= i + N_k - N, as FlashAttention), for a step that
+        takes_causal."""
         batch, heads, tokens, head_dim = _shape(shape)
         call = _LaunchArgsStruct(
             q=_pointer(q), k=_pointer(k), v=_pointer(v), o=_pointer(o),
@@ -305,7 +314,7 @@ class Library:
             batch=batch, heads=heads, tokens=tokens, head_dim=head_dim,
             scale=0.0 if scale is None else float(scale),
             workspace=_pointer(workspace), workspace_bytes=int(workspace_bytes),
-            stream=_pointer(stream))
+            stream=_pointer(stream), causal=CAUSAL_ALIGNMENTS[causal])
         if qkv_strides is not None:
             call.qkv_strides = _StridesStruct(*map(int, qkv_strides))
         if o_strides is not None:

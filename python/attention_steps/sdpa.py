@@ -8,7 +8,8 @@ scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, i
 scale=None, enable_gqa=False) takes PyTorch's arguments and returns what PyTorch's returns. It
 runs the fastest step that serves the call on the tensors' GPU and dtype (v8 on an H100 and v6
 elsewhere, in float16 and in bfloat16: chapters 07, 10 and 12) and hands every other call to
-PyTorch's own function: the calls FALLBACKS lists (README's list is made from it). A gradient
+PyTorch's own function: the calls FALLBACKS lists (is_causal=True is served: the steps take a
+causal mask with the diagonal at the top left, as PyTorch puts it) (README's list is made from it). A gradient
 is served where a backward step serves the head dim (v10 on an H100 and v9 elsewhere serve 64
 and 128: autograd runs them). use_steps(verbose=True) says once per reason when a call goes to
 PyTorch; never while torch.compile traces, where printing would break the graph.
@@ -34,7 +35,7 @@ FALLBACKS = {
     "operator": "no operator built",
     "arguments": "arguments that are not tensors",
     "mask": "an attention mask",
-    "causal": "causal attention",
+    "causal": "causal attention where no step takes it (a gradient before Hopper: v9 takes no causal mask)",
     "dropout": "attention dropout",
     "dtype": "a dtype other than float16 and bfloat16, or mixed dtypes",
     "device": "tensors not all on one CUDA device (CPU tensors among them)",
@@ -51,6 +52,8 @@ _attention_op = torch_op.load_if_built()  # None: not built, and no call is serv
 _DTYPES = (torch.float16, torch.bfloat16)
 _plans = {}          # device index -> {dtype: {head_dim: (step, largest N or None for any)}}
 _backward_dims = {}  # device index -> {dtype: head dims a backward step serves there}
+_causal_steps = set()  # the steps (forward and backward) that take a causal mask
+_backward_causal_dims = {}  # device index -> {dtype: head dims a causal backward serves there}
 _said = set()        # the fallback reasons already printed
 _settings = {"verbose": False}
 
@@ -66,7 +69,8 @@ def plan_for(device_index, dtype=torch.float16):
     if device_index not in _plans:
         library = load_library()
         steps = library.steps()
-        plans, backward_dims = {}, {}
+        plans, backward_dims, backward_causal_dims = {}, {}, {}
+        _causal_steps.update(info.id for info in steps if info.takes_causal)
         with torch.cuda.device(device_index):
             for each in _DTYPES:
                 plan = {}
@@ -84,7 +88,13 @@ def plan_for(device_index, dtype=torch.float16):
                     if info.is_backward and not info.is_baseline and _takes(info, each)
                     for head_dim in info.head_dims
                     if library.refusal(info.id, (1, 1, 1, head_dim)) is None}
+                backward_causal_dims[each] = {
+                    head_dim for info in steps
+                    if info.is_backward and not info.is_baseline and info.takes_causal
+                    and _takes(info, each) for head_dim in info.head_dims
+                    if library.refusal(info.id, (1, 1, 1, head_dim)) is None}
         _plans[device_index], _backward_dims[device_index] = plans, backward_dims
+        _backward_causal_dims[device_index] = backward_causal_dims
     return _plans[device_index][dtype]
 
 
@@ -98,8 +108,6 @@ def _why_not(query, key, value, attn_mask, dropout_p, is_causal):
         return None, FALLBACKS["arguments"]
     if attn_mask is not None:
         return None, FALLBACKS["mask"]
-    if is_causal:
-        return None, FALLBACKS["causal"]
     if dropout_p != 0.0:
         return None, FALLBACKS["dropout"]
     if query.dtype not in _DTYPES or any(t.dtype != query.dtype for t in tensors):
@@ -121,6 +129,10 @@ def _why_not(query, key, value, attn_mask, dropout_p, is_causal):
             and query.shape[-1] not in _backward_dims[device_index][query.dtype]):
         return None, f"{FALLBACKS['gradient']}: {query.shape[-1]}"
     step, max_tokens = served
+    if is_causal and (step not in _causal_steps or (
+            torch_op.needs_grad(tensors)
+            and query.shape[-1] not in _backward_causal_dims[device_index][query.dtype])):
+        return None, FALLBACKS["causal"]
     if max_tokens is not None and query.shape[-2] > max_tokens:
         return None, f"{FALLBACKS['tokens']}: {query.shape[-2]} (at most {max_tokens} for {step})"
     return step, None
@@ -132,8 +144,10 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     (see the module's docstring), by PyTorch's otherwise."""
     step, reason = _why_not(query, key, value, attn_mask, dropout_p, is_causal)
     if step is not None:
+        # is_causal=True puts the diagonal at the top left (query i sees keys j <= i).
         return _attention_op(query, key, value, step, scale, None,
-                             torch_op.needs_grad((query, key, value)))[0]
+                             torch_op.needs_grad((query, key, value)),
+                             "top-left" if is_causal else None)[0]
     if _settings["verbose"] and reason not in _said and not torch.compiler.is_compiling():
         _said.add(reason)
         print(f"attention_steps: PyTorch's scaled_dot_product_attention runs calls with {reason}")

@@ -30,7 +30,7 @@ RECORD_PREFIX = "attention_steps::"  # profiler ranges around each kernel call: 
 _attention_op = torch_op.load_if_built()
 
 
-def attention(q, k, v, step="v6", *, scale=None):
+def attention(q, k, v, step="v6", *, scale=None, causal=None):
     """O = softmax(scale Q K^T) V by step `step` (scale None: 1/sqrt(D)), for CUDA fp16
     [B, H, N, D] tensors q, k, v of one shape. Any strides: a step that takes views (v7, v8)
     reads q, k and v in place when they share strides with rows of D contiguous (slices of one
@@ -38,9 +38,11 @@ def attention(q, k, v, step="v6", *, scale=None):
     sequence-first); other steps get contiguous copies. Queued on the current stream of their device. Raises ValueError for a
     shape the step does not serve on this GPU (with the library's reason) and for bad tensors,
     TypeError for a dtype other than float16 and bfloat16 (bfloat16 for the steps that take it:
-    v6 and v8), RuntimeError for a CUDA failure."""
+    v6 and v8), RuntimeError for a CUDA failure. causal: None, "top-left" (query i sees keys
+    j <= i, as SDPA's is_causal=True) or "bottom-right" (j <= i + N_k - N), for a step that takes
+    a causal mask (v0, v6, v8; v10 in the backward)."""
     operator = _attention_op if _attention_op is not None else torch_op.load()  # says how to build it
-    return operator(q, k, v, step, scale, None, torch_op.needs_grad((q, k, v)))[0]
+    return operator(q, k, v, step, scale, None, torch_op.needs_grad((q, k, v)), causal)[0]
 
 
 class StepSelfAttention(nn.Module):

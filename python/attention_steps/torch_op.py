@@ -5,12 +5,15 @@ The operator itself is C++ (csrc/operator.cpp), built by `pip install --no-build
 ./python` against the installed torch and linked to libattention_steps.so:
 
     attention(Tensor q, Tensor k, Tensor v, str step, float? scale=None,
-              Tensor? key_padding_mask=None, bool return_log_sum_exp=False) -> (Tensor, Tensor)
+              Tensor? key_padding_mask=None, bool return_log_sum_exp=False,
+              str? causal=None) -> (Tensor, Tensor)
 
 returns O (fp16 [B, H, N, D]; for a step that takes views, a view of [B, N, H, D] memory, or of
 [N, B, H, D] memory when q is sequence-first: O keeps q's order of batch and tokens) and L
 (fp32 [B, H, N], each row's log-sum-exp, when return_log_sum_exp; an empty tensor otherwise).
-This module loads it and registers its fake implementation: the shapes and strides of O and L
+causal: None, "top-left" (query i sees keys j <= i, as SDPA's is_causal=True) or "bottom-right"
+(j <= i + N_k - N, as FlashAttention), for a step that takes a causal mask; autograd's backward
+gets the same mask. This module loads it and registers its fake implementation: the shapes and strides of O and L
 from the shapes of q, k and v alone, so torch.compile traces the operator without running it
 (also with dynamic shapes), and without a graph break.
 """
@@ -37,7 +40,8 @@ def needs_grad(tensors):
     return torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in tensors)
 
 
-def _fake_attention(q, k, v, step, scale=None, key_padding_mask=None, return_log_sum_exp=False):
+def _fake_attention(q, k, v, step, scale=None, key_padding_mask=None, return_log_sum_exp=False,
+                    causal=None):
     # The same outputs as the CUDA implementation, for fake (and symbolic) shapes.
     batch, heads, tokens, head_dim = q.shape
     if _takes_strides(step) and batch > 1 and tokens > 1 and q.stride(2) > q.stride(0):
@@ -51,7 +55,7 @@ def _fake_attention(q, k, v, step, scale=None, key_padding_mask=None, return_log
 
 
 def _fake_attention_backward(d_o, q, k, v, o, log_sum_exp, step, scale=None,
-                             deterministic=False):
+                             deterministic=False, causal=None):
     return q.new_empty(q.shape), q.new_empty(q.shape), q.new_empty(q.shape)
 
 

@@ -19,6 +19,7 @@
   - bf16: the steps that take it (v6 forward, v9 backward) with bf16's tolerances, and a model
     trained under torch.autocast(bfloat16) through the SDPA entry point;
   - cross-attention and a key-padding mask, where a step serves them, against SDPA;
+  - a causal mask in both alignments (forward, SDPA's is_causal=True, gradients), against SDPA;
   - the clear errors: a backward no step serves, cross-attention or a mask a step does not take,
     a dtype.
 
@@ -498,6 +499,75 @@ class Gradients(unittest.TestCase):
         expected = torch.autograd.grad(loss(q, k, v), (q, k, v))
         for g, e in zip(grads, expected):
             torch.testing.assert_close(g, e, rtol=1e-3, atol=1e-3)
+
+
+class CausalMask(Checks):
+    """causal="top-left" (SDPA's is_causal=True) and "bottom-right", forward and backward."""
+
+    @staticmethod
+    def visible(tokens, kv_tokens, align):
+        rows = torch.arange(tokens, device="cuda")[:, None]
+        keys = torch.arange(kv_tokens, device="cuda")[None, :]
+        return keys <= rows + (kv_tokens - tokens if align == "bottom-right" else 0)
+
+    def test_forward_both_alignments_where_a_step_takes_it(self):
+        torch.manual_seed(11)
+        takers = [(s, d) for s, d in served_steps() if steps.load_library().step(s).takes_causal]
+        self.assertTrue(takers, "no step that takes a causal mask runs here")
+        for step, head_dim in takers:
+            cross = steps.load_library().step(step).takes_kv_tokens
+            for tokens, kv_tokens in ((1, 1), (65, 65), (130, 130), (17, 130), (130, 17)):
+                if tokens != kv_tokens and not cross:
+                    continue
+                for align in ("top-left", "bottom-right"):
+                    with self.subTest(step=step, head_dim=head_dim, tokens=tokens,
+                                      kv_tokens=kv_tokens, align=align):
+                        q = torch.randn(2, 3, tokens, head_dim, device="cuda", dtype=torch.half)
+                        k, v = (torch.randn(2, 3, kv_tokens, head_dim, device="cuda",
+                                            dtype=torch.half) for _ in range(2))
+                        writes_rows = steps.load_library().step(step).writes_log_sum_exp
+                        out, rows = attention_op(q, k, v, step, None, None, writes_rows, align)
+                        attend = self.visible(tokens, kv_tokens, align)
+                        seeing = attend.any(dim=-1)  # rows with a key; the others are O = 0
+                        self.assert_close_to_sdpa_masked(q[:, :, seeing], k, v, out[:, :, seeing],
+                                                         attend[seeing])
+                        self.assertTrue(torch.equal(out[:, :, ~seeing],
+                                                    torch.zeros_like(out[:, :, ~seeing])))
+                        if writes_rows:
+                            self.assertTrue(torch.isneginf(rows[:, :, ~seeing]).all())
+
+    def test_sdpa_entry_serves_is_causal(self):
+        torch.manual_seed(12)
+        q, k, v = (torch.randn(2, 3, 197, 64, device="cuda", dtype=torch.half) for _ in range(3))
+        expected = sdpa._pytorch_sdpa(q.float(), k.float(), v.float(), is_causal=True)
+        self.assertEqual(sdpa._why_not(q, k, v, None, 0.0, True), (fastest(64), None))
+        out = sdpa.scaled_dot_product_attention(q, k, v, is_causal=True)
+        error = out.float() - expected
+        self.assertLessEqual((error.norm() / expected.norm()).item(), 4 * UNIT_ROUNDOFF)
+
+    def test_gradients_where_a_backward_step_takes_it(self):
+        library = steps.load_library()
+        backward = [info for info in library.steps() if info.is_backward and info.takes_causal
+                    and not info.is_baseline and library.refusal(info.id, (1, 1, 1, 64)) is None]
+        if not backward:
+            self.skipTest("no backward step that takes a causal mask runs here (v10 needs an H100)")
+        torch.manual_seed(13)
+        for dtype in (torch.half, torch.bfloat16):
+            for tokens in (17, 65, 197):
+                with self.subTest(dtype=dtype, tokens=tokens):
+                    q, k, v = (torch.randn(2, 3, tokens, 64, device="cuda", dtype=dtype,
+                                           requires_grad=True) for _ in range(3))
+                    d_o = torch.randn(2, 3, tokens, 64, device="cuda", dtype=dtype)
+                    out = attention_op(q, k, v, fastest(64), None, None, True, "top-left")[0]
+                    grads = torch.autograd.grad(out, (q, k, v), d_o)
+                    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+                    expected = torch.autograd.grad(
+                        F.scaled_dot_product_attention(q64, k64, v64, is_causal=True),
+                        (q64, k64, v64), d_o.double())
+                    for name, got, want in zip("qkv", grads, expected):
+                        relative = ((got.double() - want).norm() / want.norm()).item()
+                        self.assertTrue(torch.isfinite(got).all(), name)
+                        self.assertLessEqual(relative, 8 * unit_roundoff(dtype), name)
 
 
 class ClearErrors(unittest.TestCase):

@@ -177,6 +177,16 @@ int dtype_of(const at::Tensor& tensor) {
   return tensor.scalar_type() == at::kBFloat16 ? ATTN_DTYPE_BF16 : ATTN_DTYPE_FP16;
 }
 
+// The causal argument ("top-left", "bottom-right" or none) as the C ABI's ATTN_CAUSAL_*.
+int causal_of(const std::optional<c10::string_view>& causal) {
+  if (!causal.has_value()) return ATTN_CAUSAL_NONE;
+  if (*causal == "top-left") return ATTN_CAUSAL_TOP_LEFT;
+  if (*causal == "bottom-right") return ATTN_CAUSAL_BOTTOM_RIGHT;
+  TORCH_CHECK_VALUE(false, "attention_steps: causal is '", std::string(*causal),
+                    "'; it must be None, 'top-left' (as is_causal=True) or 'bottom-right'");
+  return ATTN_CAUSAL_NONE;
+}
+
 // A refusal as ValueError, any other failure as RuntimeError, with the library's line.
 void check_status(int status, const char* message) {
   TORCH_CHECK_VALUE(status != ATTN_REFUSED, "attention_steps: ", message);
@@ -187,7 +197,8 @@ std::tuple<at::Tensor, at::Tensor> attention_kernel(const at::Tensor& q, const a
                                                   const at::Tensor& v, c10::string_view step,
                                                   std::optional<double> scale,
                                                   const std::optional<at::Tensor>& key_padding_mask,
-                                                  bool return_log_sum_exp) {
+                                                  bool return_log_sum_exp,
+                                                  std::optional<c10::string_view> causal) {
   const std::string id(step);
   const StepFacts& facts = facts_of(id);
   check_tensor("q", q, q);
@@ -256,6 +267,7 @@ std::tuple<at::Tensor, at::Tensor> attention_kernel(const at::Tensor& q, const a
   call.stream = at::cuda::getCurrentCUDAStream(q.get_device()).stream();
   call.pointers_checked_by_caller = 1;  // torch tensors of this device, torch's stream
   call.dtype = dtype_of(q);
+  call.causal = causal_of(causal);
   const at::Tensor workspace = facts.uses_workspace ? workspace_for(id, q, call) : at::Tensor();
   char message[1024];
   check_status(attn_launch(id.c_str(), &call, message, sizeof message), message);
@@ -266,7 +278,7 @@ std::tuple<at::Tensor, at::Tensor> attention_kernel(const at::Tensor& q, const a
 std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_kernel(
     const at::Tensor& d_o, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     const at::Tensor& o, const at::Tensor& log_sum_exp, c10::string_view step,
-    std::optional<double> scale, bool deterministic) {
+    std::optional<double> scale, bool deterministic, std::optional<c10::string_view> causal) {
   const std::string id(step);
   const StepFacts& facts = facts_of(id);
   TORCH_CHECK_VALUE(facts.is_backward, "attention_steps: ", id, " is not a backward step");
@@ -305,6 +317,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_kernel(
   call.pointers_checked_by_caller = 1;
   call.deterministic = deterministic ? 1 : 0;
   call.dtype = dtype_of(q);
+  call.causal = causal_of(causal);
   const at::Tensor workspace = workspace_for(id, q, call);
   char message[1024];
   check_status(attn_launch_backward(id.c_str(), &call, message, sizeof message), message);
@@ -320,16 +333,21 @@ class AttentionFunction : public torch::autograd::Function<AttentionFunction> {
                                                 const at::Tensor& v, const std::string& step,
                                                 std::optional<double> scale,
                                                 const std::optional<at::Tensor>& key_padding_mask,
-                                                bool return_log_sum_exp) {
+                                                bool return_log_sum_exp,
+                                                const std::optional<std::string>& causal) {
     const at::AutoDispatchBelowADInplaceOrView below_autograd;
     static const auto op = c10::Dispatcher::singleton()
                                .findSchemaOrThrow("attention_steps::attention", "")
                                .typed<decltype(attention_kernel)>();
-    auto [o, log_sum_exp] = op.call(q, k, v, step, scale, key_padding_mask, return_log_sum_exp);
+    const std::optional<c10::string_view> causal_view =
+        causal ? std::optional<c10::string_view>(*causal) : std::nullopt;
+    auto [o, log_sum_exp] =
+        op.call(q, k, v, step, scale, key_padding_mask, return_log_sum_exp, causal_view);
     context->save_for_backward({q, k, v, o, log_sum_exp});
     context->saved_data["step"] = step;
     context->saved_data["scale"] = scale.has_value() ? c10::IValue(*scale) : c10::IValue();
     context->saved_data["masked"] = key_padding_mask.has_value() && key_padding_mask->defined();
+    context->saved_data["causal"] = causal ? c10::IValue(*causal) : c10::IValue();
     context->mark_non_differentiable({log_sum_exp});
     return {o, log_sum_exp};
   }
@@ -355,11 +373,14 @@ class AttentionFunction : public torch::autograd::Function<AttentionFunction> {
                                .findSchemaOrThrow("attention_steps::attention_backward", "")
                                .typed<decltype(attention_backward_kernel)>();
     const c10::IValue& scale = context->saved_data["scale"];
+    const c10::IValue& causal = context->saved_data["causal"];
     // torch.use_deterministic_algorithms(True) asks for the same bits on every run.
     auto [dq, dk, dv] = op.call(grads[0], q, k, v, o, lse, *backward,
                                 scale.isNone() ? std::nullopt : std::optional<double>(scale.toDouble()),
-                                at::globalContext().deterministicAlgorithms());
-    return {dq, dk, dv, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+                                at::globalContext().deterministicAlgorithms(),
+                                causal.isNone() ? std::nullopt
+                                                : std::optional<c10::string_view>(causal.toStringRef()));
+    return {dq, dk, dv, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -367,9 +388,11 @@ std::tuple<at::Tensor, at::Tensor> attention_autograd(const at::Tensor& q, const
                                                       const at::Tensor& v, c10::string_view step,
                                                       std::optional<double> scale,
                                                       const std::optional<at::Tensor>& key_padding_mask,
-                                                      bool return_log_sum_exp) {
-  auto outputs = AttentionFunction::apply(q, k, v, std::string(step), scale, key_padding_mask,
-                                          return_log_sum_exp);
+                                                      bool return_log_sum_exp,
+                                                      std::optional<c10::string_view> causal) {
+  auto outputs = AttentionFunction::apply(
+      q, k, v, std::string(step), scale, key_padding_mask, return_log_sum_exp,
+      causal ? std::optional<std::string>(std::string(*causal)) : std::nullopt);
   return {outputs[0], outputs[1]};
 }
 
@@ -377,10 +400,11 @@ std::tuple<at::Tensor, at::Tensor> attention_autograd(const at::Tensor& q, const
 
 TORCH_LIBRARY(attention_steps, m) {
   m.def("attention(Tensor q, Tensor k, Tensor v, str step, float? scale=None, "
-        "Tensor? key_padding_mask=None, bool return_log_sum_exp=False) -> (Tensor, Tensor)");
+        "Tensor? key_padding_mask=None, bool return_log_sum_exp=False, str? causal=None) -> "
+        "(Tensor, Tensor)");
   m.def("attention_backward(Tensor d_o, Tensor q, Tensor k, Tensor v, Tensor o, "
-        "Tensor log_sum_exp, str step, float? scale=None, bool deterministic=False) -> "
-        "(Tensor, Tensor, Tensor)");
+        "Tensor log_sum_exp, str step, float? scale=None, bool deterministic=False, "
+        "str? causal=None) -> (Tensor, Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(attention_steps, CUDA, m) {
