@@ -424,6 +424,17 @@ stage_sanitizer() {
       while [ "$(jobs -rp | wc -l)" -ge "$SANITIZER_JOBS" ]; do wait -n || true; done
       sanitize_one "$sanitizer" "$binary" "$tool" "N33_Nk200_B2_H3_D32_padded" "$results" \
         --tokens 33 --kv-tokens 200 --head-dim 32 --key-padding &
+      # The causal mask: top left at a tail, bottom right with fewer queries than keys and with
+      # more (rows that see no key), with the key-padding mask.
+      while [ "$(jobs -rp | wc -l)" -ge "$SANITIZER_JOBS" ]; do wait -n || true; done
+      sanitize_one "$sanitizer" "$binary" "$tool" "N130_B2_H3_D64_causal" "$results" \
+        --tokens 130 --causal &
+      while [ "$(jobs -rp | wc -l)" -ge "$SANITIZER_JOBS" ]; do wait -n || true; done
+      sanitize_one "$sanitizer" "$binary" "$tool" "N65_Nk130_B2_H3_D64_causal_br" "$results" \
+        --tokens 65 --kv-tokens 130 --causal --causal-align bottom-right &
+      while [ "$(jobs -rp | wc -l)" -ge "$SANITIZER_JOBS" ]; do wait -n || true; done
+      sanitize_one "$sanitizer" "$binary" "$tool" "N200_Nk65_B2_H3_D64_causal_br_padded" "$results" \
+        --tokens 200 --kv-tokens 65 --causal --causal-align bottom-right --key-padding &
       for shape in "${extra_shapes[@]}"; do
         read -r head_dim tokens <<< "$shape"
         serves=yes  # unknown: try it, a refusal (exit 2) is n/a

@@ -141,10 +141,10 @@ __global__ void __launch_bounds__(32 * kWarps)
   const int kv_tiles = mask.kv_tiles(row0, T::kBlockM, kBlockN);  // all N_k's without kCausal
   const int first_partial = mask.first_partial_tile(row0, kBlockN);
 
-  // Q and the first K tile in one group, the first V tile in the next (none for a block above
-  // the causal diagonal, which writes O = 0).
-  load_tile_async<T::kBlockM, kHeadDim, T::kStride, T::kThreads>(q_tile, q + slice_offset, row0, tokens);
+  // Q and the first K tile in one group, the first V tile in the next. A block above the causal
+  // diagonal loads nothing (its Q would land in the buffer its O is staged in) and writes O = 0.
   if (!kCausal || kv_tiles > 0) {
+    load_tile_async<T::kBlockM, kHeadDim, T::kStride, T::kThreads>(q_tile, q + slice_offset, row0, tokens);
     load_tile_async<kBlockN, kHeadDim, T::kStride, T::kThreads>(k_tiles, k + kv_slice_offset, 0, kv_tokens);
   }
   cp_async_commit();

@@ -117,16 +117,20 @@ __device__ __forceinline__ float pairwise(float (&values)[kCount], Op op) {
 }
 
 // The work tiles of a launch, walked the same way by the producer and the consumers: a slice's
-// row tiles one after the other (neighbours share a slice's K and V). Under a causal mask a row
-// tile near the bottom has many more K/V tiles than one near the top, so they are taken from the
-// bottom up: the longest first, the short ones last, where they fill the gaps between blocks.
+// row tiles one after the other (neighbours share a slice's K and V), handed out in rounds of
+// one per block. Under a causal mask a row tile near the bottom walks many more K/V tiles than
+// one near the top, and when the row tiles per slice divide the blocks (33 into 132 at N = 4097)
+// a block would take the same row tile every round: the block with the longest would take
+// twice the mean. So every other round walks each slice's row tiles from the bottom up, and a
+// block that took a long tile in one round takes the matching short one in the next.
 struct WorkTile {
   int head, batch, row0;
 };
-template <bool kLongestFirst = false>
+template <bool kBalanceRounds = false>
 __device__ __forceinline__ WorkTile work_tile(int index, int row_tiles, int heads, int block_m) {
   const int slice = index / row_tiles;
-  const int row_tile = kLongestFirst ? row_tiles - 1 - index % row_tiles : index % row_tiles;
+  int row_tile = index % row_tiles;
+  if (kBalanceRounds && (index / int(gridDim.x)) % 2 == 1) row_tile = row_tiles - 1 - row_tile;
   return {slice % heads, slice / heads, row_tile * block_m};
 }
 
