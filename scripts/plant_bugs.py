@@ -56,6 +56,7 @@ V10 = "v10_hopper_backward"
 KEY_MASK_TEST = "key mask*"  # tests/test_steps_gpu.cpp: real scores strongly negative
 TILE_MULTIPLES_TEST = "tile multiples*"  # N = k x tile and k x tile +- 1 of the step's own tiles
 LARGE_SCORES_TEST = "large scores*"  # scores at std 16 over a few keys and at tile edges
+CAUSAL_TEST = "causal mask*"  # both alignments, tails, N_q != N_k (forward and backward suites)
 BUGS = [
     # The arithmetic of the online softmax: the result check catches these.
     Bug("v6nomask", V6, "keys past N keep their scores", [("if (tile_keys < kBlockN) {", "if (false) {", 1)]),
@@ -69,7 +70,7 @@ BUGS = [
         [("padded.words[i / 4] >> (8 * (i % 4) + 2 * quad_lane)", "padded.words[i / 4] >> (8 * (i % 4))", 1)]),
     Bug("v8maskfirsttile", V8, "the mask of the block's first work tile used for every tile it walks",
         [("key_padding + int64_t(tile.batch) * kv_tokens + kv_tile * kBlockN",
-          "key_padding + int64_t(work_tile(blockIdx.x, row_tiles, heads, T::kBlockM).batch) * kv_tokens + kv_tile * kBlockN", 1)]),
+          "key_padding + int64_t(work_tile(blockIdx.x, row_tiles, heads, T::kBlockM, work_tiles).batch) * kv_tokens + kv_tile * kBlockN", 1)]),
     Bug("v0maskignored", V0, "keys the key-padding mask marks keep their weight",
         [("if (padded(j)) continue;  // no weight at all, not a small one", "", 1)]),
     Bug("v6nonorm", V6, "O not divided by the row sum",
@@ -165,6 +166,25 @@ BUGS = [
         rule="release-before-wgmma"),
     Bug("v10nostagingwait", V10, "rewrites the dQ staging buffer before the last reduce has read it",
         [("if (thread_in_group == 0) dq_staging.wait_read();", ";", 1)], rule="write-during-async-read"),
+    # The causal mask (steps/policies/mask.cuh): the diagonal off by one, the wrong alignment, and
+    # a K/V tile past the diagonal loaded (the result stays right: only the checked build sees it).
+    Bug("v6causaloffbyone", V6, "the causal mask admits one key past the diagonal",
+        [("if (key < kv_tokens && !mask.sees(row, key))", "if (key < kv_tokens && !mask.sees(row + 1, key))", 1)],
+        target=CAUSAL_TEST),
+    Bug("v8causaloffbyone", V8, "the causal mask admits one key past the diagonal",
+        [("if (!mask.sees(row, kv_tile * kBlockN", "if (!mask.sees(row + 1, kv_tile * kBlockN", 1)],
+        target=CAUSAL_TEST),
+    Bug("v8causalalign", V8, "the diagonal put at the top left whatever the alignment asked",
+        [("attn::causal_diagonal(args.causal, args.tokens, args.kv_tokens)",
+          "attn::causal_diagonal(attn::Causal::top_left, args.tokens, args.kv_tokens)", 1)],
+        target=CAUSAL_TEST),
+    Bug("v8causalextratile", V8, "each work tile walks one K/V tile past the diagonal (fully masked)",
+        [("  return mask.kv_tiles(tile.row0, T::kBlockM, T::kBlockN);",
+          "  return min(mask.kv_tiles(tile.row0, T::kBlockM, T::kBlockN) + 1, (mask.kv_tokens + T::kBlockN - 1) / T::kBlockN);", 1)],
+        rule="excluded-tile-loaded"),
+    Bug("v10causaloffbyone", V10, "P kept for one key past the diagonal in the backward",
+        [("if (!mask.sees(query, my_key0 + 8 * (e / 2)))", "if (!mask.sees(query + 1, my_key0 + 8 * (e / 2)))", 1)],
+        target=CAUSAL_TEST),
     # The four classes of bug a grading run once missed (the checked build's rules for the first
     # three, the suite's sizes from the steps' tiles for the fourth). 1: ordinary stores read by
     # the async proxy with no proxy fence.

@@ -121,17 +121,21 @@ __device__ __forceinline__ float pairwise(float (&values)[kCount], Op op) {
 // one per block. Under a causal mask a row tile near the bottom walks many more K/V tiles than
 // one near the top, and when the row tiles per slice divide the blocks (33 into 132 at N = 4097)
 // a block would take the same row tile every round: the block with the longest would take
-// twice the mean. So every other round walks each slice's row tiles from the bottom up, and a
-// block that took a long tile in one round takes the matching short one in the next.
+// twice the mean. So every other full round hands its tiles out in reverse, and a block that
+// took a long row tile in one round takes the matching short one in the next (a permutation of
+// the round: every tile is still taken once).
 struct WorkTile {
   int head, batch, row0;
 };
 template <bool kBalanceRounds = false>
-__device__ __forceinline__ WorkTile work_tile(int index, int row_tiles, int heads, int block_m) {
+__device__ __forceinline__ WorkTile work_tile(int index, int row_tiles, int heads, int block_m,
+                                              int work_tiles) {
+  if (kBalanceRounds) {
+    const int blocks = int(gridDim.x), first = index / blocks * blocks;
+    if ((index / blocks) % 2 == 1 && first + blocks <= work_tiles) index = first + blocks - 1 - (index - first);
+  }
   const int slice = index / row_tiles;
-  int row_tile = index % row_tiles;
-  if (kBalanceRounds && (index / int(gridDim.x)) % 2 == 1) row_tile = row_tiles - 1 - row_tile;
-  return {slice % heads, slice / heads, row_tile * block_m};
+  return {slice % heads, slice / heads, (index % row_tiles) * block_m};
 }
 
 // The K/V tiles of a work tile, the same number for the producer and both consumers: those
@@ -166,7 +170,7 @@ __device__ __forceinline__ void produce(SharedStorage<T, Element>& smem,
   };
   int kv_use = 0;
   for (int index = blockIdx.x, q_use = 0; index < work_tiles; index += gridDim.x, ++q_use) {
-    const WorkTile tile = work_tile<kCausal>(index, row_tiles, heads, T::kBlockM);
+    const WorkTile tile = work_tile<kCausal>(index, row_tiles, heads, T::kBlockM, work_tiles);
     const int kv_tiles = kv_tiles_of<T>(mask, tile);
     // BEGIN EXERCISE: load the work tile's Q, then K and V of its K/V tiles, last tile first
     q_ring.wait_empty(q_use);
@@ -317,7 +321,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
 
   int kv_use = 0;
   for (int index = blockIdx.x, q_use = 0; index < work_tiles; index += gridDim.x, ++q_use) {
-    const WorkTile tile = work_tile<kCausal>(index, row_tiles, heads, T::kBlockM);
+    const WorkTile tile = work_tile<kCausal>(index, row_tiles, heads, T::kBlockM, work_tiles);
     const int my_row0 = tile.row0 + consumer * 64;
     const int kv_tiles = kv_tiles_of<T>(mask, tile);
 
