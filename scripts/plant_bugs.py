@@ -180,7 +180,7 @@ BUGS = [
         target=CAUSAL_TEST),
     Bug("v8causalextratile", V8, "each work tile walks one K/V tile past the diagonal (fully masked)",
         [("  return mask.kv_tiles(tile.row0, T::kBlockM, T::kBlockN);",
-          "  return min(mask.kv_tiles(tile.row0, T::kBlockM, T::kBlockN) + 1, (mask.kv_tokens + T::kBlockN - 1) / T::kBlockN);", 1)],
+          "  return min(mask.kv_tiles(tile.row0, T::kBlockM, T::kBlockN) + 1, whole_kv_tiles);", 1)],
         rule="excluded-tile-loaded"),
     Bug("v10causaloffbyone", V10, "P kept for one key past the diagonal in the backward",
         [("if (!mask.sees(query, my_key0 + 8 * (e / 2)))", "if (!mask.sees(query + 1, my_key0 + 8 * (e / 2)))", 1)],

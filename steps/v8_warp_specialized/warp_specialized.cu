@@ -139,9 +139,12 @@ __device__ __forceinline__ WorkTile work_tile(int index, int row_tiles, int head
 }
 
 // The K/V tiles of a work tile, the same number for the producer and both consumers: those
-// the mask policy says its 128 rows see (all of N_k's without a causal mask).
+// the mask policy says its 128 rows see. Without a causal mask that is all of N_k's for every
+// work tile (whole_kv_tiles, counted once before the walk).
 template <typename T, bool kCausal>
-__device__ __forceinline__ int kv_tiles_of(const policies::Mask<kCausal>& mask, const WorkTile& tile) {
+__device__ __forceinline__ int kv_tiles_of(const policies::Mask<kCausal>& mask, const WorkTile& tile,
+                                           int whole_kv_tiles) {
+  if (!kCausal) return whole_kv_tiles;
   return mask.kv_tiles(tile.row0, T::kBlockM, T::kBlockN);
 }
 
@@ -168,10 +171,11 @@ __device__ __forceinline__ void produce(SharedStorage<T, Element>& smem,
                        c * kSwizzleColumns, kv_tile * kBlockN, tile.head, tile.batch);
     }
   };
+  const int whole_kv_tiles = (mask.kv_tokens + kBlockN - 1) / kBlockN;
   int kv_use = 0;
   for (int index = blockIdx.x, q_use = 0; index < work_tiles; index += gridDim.x, ++q_use) {
     const WorkTile tile = work_tile<kCausal>(index, row_tiles, heads, T::kBlockM, work_tiles);
-    const int kv_tiles = kv_tiles_of<T>(mask, tile);
+    const int kv_tiles = kv_tiles_of<T>(mask, tile, whole_kv_tiles);
     // BEGIN EXERCISE: load the work tile's Q, then K and V of its K/V tiles, last tile first
     q_ring.wait_empty(q_use);
     uint64_t* q_full = q_ring.arm(q_use, T::kQBytes);
@@ -181,7 +185,7 @@ __device__ __forceinline__ void produce(SharedStorage<T, Element>& smem,
     }
     // Visit i (0 = the last K/V tile) uses K/V tile kv_tiles - 1 - i. A work tile above the
     // causal diagonal has none.
-    if (kv_tiles > 0) {
+    if (!kCausal || kv_tiles > 0) {
       load(k_ring, smem.k, &k_map, kv_use, kv_tiles - 1, tile);
       for (int i = 1; i < kv_tiles; ++i) {
         load(k_ring, smem.k, &k_map, kv_use + i, kv_tiles - 1 - i, tile);
@@ -284,6 +288,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   const int warp_group = threadIdx.x / 128;
   const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
   const int kv_tokens = mask.kv_tokens;  // N_k keys: N but in cross-attention
+  const int whole_kv_tiles = (kv_tokens + kBlockN - 1) / kBlockN;
   hopper::StagingBuffer o_staging(warp_group - 1);  // the consumers' (c = warp_group - 1)
 
   if (threadIdx.x == 0) {
@@ -323,7 +328,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   for (int index = blockIdx.x, q_use = 0; index < work_tiles; index += gridDim.x, ++q_use) {
     const WorkTile tile = work_tile<kCausal>(index, row_tiles, heads, T::kBlockM, work_tiles);
     const int my_row0 = tile.row0 + consumer * 64;
-    const int kv_tiles = kv_tiles_of<T>(mask, tile);
+    const int kv_tiles = kv_tiles_of<T>(mask, tile, whole_kv_tiles);
 
     // A warpgroup with no rows before N in this work tile only keeps the barrier counts.
     if (my_row0 >= tokens) {
