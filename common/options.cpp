@@ -85,7 +85,7 @@ std::string step_usage(const std::string& program) {
          "                   many as the queries); the steps that serve it: 0, 6, 8\n"
          "  --key-padding    a [B, N_k] key-padding mask with the inputs (keys it marks get no\n"
          "                   weight; drawn as a DETR batch pads its images): steps 0, 6, 8\n"
-         "  --causal         a causal mask: query i sees key j only where j <= i (steps 0, 6, 8, 10)\n"
+         "  --causal         a causal mask: query i sees key j only where j <= i (steps 0, 6, 8; 9, 10)\n"
          "  --causal-align A where the diagonal starts when N_k != N: top-left (default, as\n"
          "                   PyTorch's is_causal) or bottom-right (j <= i + N_k - N, as\n"
          "                   FlashAttention); with --causal\n"

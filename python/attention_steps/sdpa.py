@@ -35,7 +35,7 @@ FALLBACKS = {
     "operator": "no operator built",
     "arguments": "arguments that are not tensors",
     "mask": "an attention mask",
-    "causal": "causal attention where no step takes it (a gradient before Hopper: v9 takes no causal mask)",
+    "causal": "causal attention where the step that serves the call takes no causal mask",
     "dropout": "attention dropout",
     "dtype": "a dtype other than float16 and bfloat16, or mixed dtypes",
     "device": "tensors not all on one CUDA device (CPU tensors among them)",

@@ -40,7 +40,7 @@ def attention(q, k, v, step="v6", *, scale=None, causal=None):
     TypeError for a dtype other than float16 and bfloat16 (bfloat16 for the steps that take it:
     v6 and v8), RuntimeError for a CUDA failure. causal: None, "top-left" (query i sees keys
     j <= i, as SDPA's is_causal=True) or "bottom-right" (j <= i + N_k - N), for a step that takes
-    a causal mask (v0, v6, v8; v10 in the backward)."""
+    a causal mask (v0, v6, v8; v9 and v10 in the backward)."""
     operator = _attention_op if _attention_op is not None else torch_op.load()  # says how to build it
     return operator(q, k, v, step, scale, None, torch_op.needs_grad((q, k, v)), causal)[0]
 

@@ -35,6 +35,7 @@
 #include "step.hpp"
 #include "ampere/fragment_math.cuh"
 #include "ampere/warp_mma.cuh"
+#include "policies/mask.cuh"
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
 #pragma nv_diag_suppress 177  // sm_75: the kernels are stubs (below), their helpers go unused
@@ -138,14 +139,14 @@ __global__ void row_dot_kernel(const Element* __restrict__ o, const Element* __r
 
 // kAtomicDq: this kernel also adds dQ into the fp32 sum (the default); without it, dQ is left
 // to dq_pass_kernel below, the deterministic mode.
-template <typename Element, int kHeadDim, int kWarps, bool kAtomicDq>
+template <typename Element, int kHeadDim, int kWarps, bool kAtomicDq, bool kCausal>
 __global__ void __launch_bounds__(Tiles<kHeadDim, kWarps>::kThreads)
     flash_backward_kernel(const Element* __restrict__ q, const Element* __restrict__ k,
                           const Element* __restrict__ v, const Element* __restrict__ d_o,
                           const float* __restrict__ log_sum_exp, const float* __restrict__ row_dot,
                           float* __restrict__ dq_sum, Element* __restrict__ dk,
-                          Element* __restrict__ dv, int tokens, int key_tiles, float scale,
-                          float scale_log2) {
+                          Element* __restrict__ dv, int tokens, const policies::Mask<kCausal> mask,
+                          int key_tiles, float scale, float scale_log2) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
   return;  // cp.async and mma.m16n8k16 need sm_80; the registration says 8.0
 #else
@@ -182,11 +183,14 @@ __global__ void __launch_bounds__(Tiles<kHeadDim, kWarps>::kThreads)
   // Where this block's walk starts: the K/V tiles of a slice run side by side, and walking the Q
   // tiles in one order, all of them would add into the same rows of dQ at the same moment, queued
   // behind each other at L2's atomic units. Spread evenly, each walks the same tiles from its own
-  // first one.
-  const int first_row_tile = int(int64_t(key_tile) * row_tiles / key_tiles);
+  // first one. Under the causal mask the walk is the `walk` Q tiles from the first that sees the
+  // block's keys (policies/mask.cuh), and those already start apart.
+  const int first_visible = mask.first_row(key0) / T::kBlockM;
+  const int walk = row_tiles - first_visible;
+  const int first_row_tile = kCausal ? first_visible : int(int64_t(key_tile) * row_tiles / key_tiles);
   auto row_tile_at = [&](int step) {
     const int row_tile = first_row_tile + step;
-    return row_tile < row_tiles ? row_tile : row_tile - row_tiles;
+    return row_tile < row_tiles ? row_tile : row_tile - walk;
   };
   load_row_tile(row_tile_at(0), 0);
   cp_async_commit();
@@ -214,7 +218,7 @@ __global__ void __launch_bounds__(Tiles<kHeadDim, kWarps>::kThreads)
   float dk_acc[T::kDTiles][4] = {};
   float dv_acc[T::kDTiles][4] = {};
 
-  for (int step = 0; step < row_tiles; ++step) {
+  for (int step = 0; step < walk; ++step) {
     const int row_tile = row_tile_at(step), stage = step % 2;
     const Element* q_tile = q_tiles + stage * T::kBlockM * T::kStride;
     const Element* d_o_tile = d_o_tiles + stage * T::kBlockM * T::kStride;
@@ -222,7 +226,7 @@ __global__ void __launch_bounds__(Tiles<kHeadDim, kWarps>::kThreads)
     const float* dot = dot_rows + stage * T::kBlockM;
     cp_async_wait<0>();
     __syncthreads();  // this stage has landed, and every warp is done with the other one and dS
-    if (step + 1 < row_tiles) load_row_tile(row_tile_at(step + 1), 1 - stage);
+    if (step + 1 < walk) load_row_tile(row_tile_at(step + 1), 1 - stage);
     cp_async_commit();
 
     // S^T = K Q^T (16 keys x 64 queries) and dP^T = V dO^T, side by side: A from K and V rows,
@@ -253,6 +257,18 @@ __global__ void __launch_bounds__(Tiles<kHeadDim, kWarps>::kThreads)
         const float p = fast_exp2(fmaf(s_acc[n][e], scale_log2, -lse[column] * kLog2e));
         s_acc[n][e] = p;
         dp_acc[n][e] = p * (dp_acc[n][e] - dot[column]);
+      }
+    }
+    // In a Q tile the causal diagonal crosses, P = 0 and dS = 0 where the query does not see the key.
+    if (kCausal && !mask.rows_all_see(row_tile * T::kBlockM, key0, T::kBlockN)) {
+      for (int n = 0; n < T::kRowTiles; ++n) {
+        for (int e = 0; e < 4; ++e) {
+          const int query = row_tile * T::kBlockM + n * 8 + 2 * quad_lane + e % 2;
+          if (!mask.sees(query, key0 + warp_key0 + group + 8 * (e / 2))) {
+            s_acc[n][e] = 0.0f;
+            dp_acc[n][e] = 0.0f;
+          }
+        }
       }
     }
 
@@ -366,13 +382,13 @@ struct DqTiles {
       (2 * std::size_t(kBlockM) + 4 * std::size_t(kBlockN)) * kStride * 2;  // 16-bit elements
 };
 
-template <typename Element, int kHeadDim>
+template <typename Element, int kHeadDim, bool kCausal>
 __global__ void __launch_bounds__(DqTiles<kHeadDim>::kThreads)
     dq_pass_kernel(const Element* __restrict__ q, const Element* __restrict__ k,
                    const Element* __restrict__ v, const Element* __restrict__ d_o,
                    const float* __restrict__ log_sum_exp, const float* __restrict__ row_dot,
-                   Element* __restrict__ dq, int tokens, int row_tiles, float scale,
-                   float scale_log2) {
+                   Element* __restrict__ dq, int tokens, const policies::Mask<kCausal> mask,
+                   int row_tiles, float scale, float scale_log2) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
   return;
 #else
@@ -389,7 +405,8 @@ __global__ void __launch_bounds__(DqTiles<kHeadDim>::kThreads)
   const int row0 = row_tile * T::kBlockM;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int group = lane / 4, quad_lane = lane % 4;
-  const int key_tiles = (tokens + T::kBlockN - 1) / T::kBlockN;
+  const int key_tiles = mask.kv_tiles(row0, T::kBlockM, T::kBlockN);  // all N's without kCausal
+  const int first_partial = mask.first_partial_tile(row0, T::kBlockN);
 
   load_tile_async<T::kBlockM, kHeadDim, T::kStride, T::kThreads>(q_tile, q + slice_offset, row0, tokens);
   load_tile_async<T::kBlockM, kHeadDim, T::kStride, T::kThreads>(d_o_tile, d_o + slice_offset, row0, tokens);
@@ -455,6 +472,14 @@ __global__ void __launch_bounds__(DqTiles<kHeadDim>::kThreads)
       for (int n = 0; n < T::kKeyTiles; ++n) {
         for (int e = 0; e < 4; ++e) {
           if (tile * T::kBlockN + 8 * n + 2 * quad_lane + e % 2 >= tokens) dp_acc[n][e] = 0.0f;
+        }
+      }
+    }
+    if (kCausal && tile >= first_partial) {  // the keys past each row's diagonal: dS = 0
+      for (int n = 0; n < T::kKeyTiles; ++n) {
+        for (int e = 0; e < 4; ++e) {
+          const int row = row0 + warp * 16 + group + 8 * (e / 2);
+          if (!mask.sees(row, tile * T::kBlockN + 8 * n + 2 * quad_lane + e % 2)) dp_acc[n][e] = 0.0f;
         }
       }
     }
@@ -527,26 +552,37 @@ void launch_for(const attn::BackwardArgs& args) {
       o, d_o, row_dot, rows, kHeadDim);
   CUDA_CHECK_LAUNCH();
 
-  auto kernel = attn::with_flags(  // dQ by atomics unless the run must be deterministic
-      [](auto atomic_dq) { return flash_backward_kernel<Element, kHeadDim, T::kWarps, decltype(atomic_dq)::value>; },
-      !args.deterministic);
-  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  int(T::kSharedBytes)));
   const int key_tiles = (args.tokens + T::kBlockN - 1) / T::kBlockN;
   const int64_t slices = int64_t(args.batch) * args.heads;
-  kernel<<<unsigned(int64_t(key_tiles) * slices), T::kThreads, T::kSharedBytes, args.stream>>>(
-      q, k, v, d_o, args.log_sum_exp, row_dot, dq_sum, reinterpret_cast<Element*>(args.dk),
-      reinterpret_cast<Element*>(args.dv), args.tokens, key_tiles, scale, scale_log2);
+  const int diagonal = int(attn::causal_diagonal(args.causal, args.tokens, args.tokens));
+  attn::with_flags(  // dQ by atomics unless the run must be deterministic
+      [&](auto atomic_dq, auto causal) {
+        constexpr bool kCausal = decltype(causal)::value;
+        auto kernel = flash_backward_kernel<Element, kHeadDim, T::kWarps, decltype(atomic_dq)::value, kCausal>;
+        CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        int(T::kSharedBytes)));
+        kernel<<<unsigned(int64_t(key_tiles) * slices), T::kThreads, T::kSharedBytes, args.stream>>>(
+            q, k, v, d_o, args.log_sum_exp, row_dot, dq_sum, reinterpret_cast<Element*>(args.dk),
+            reinterpret_cast<Element*>(args.dv), args.tokens,
+            policies::Mask<kCausal>{args.tokens, diagonal}, key_tiles, scale, scale_log2);
+      },
+      !args.deterministic, args.causal != attn::Causal::none);
   CUDA_CHECK_LAUNCH();
 
   if (args.deterministic) {
     using D = DqTiles<kHeadDim>;
-    CUDA_CHECK(cudaFuncSetAttribute(dq_pass_kernel<Element, kHeadDim>,
-                                    cudaFuncAttributeMaxDynamicSharedMemorySize, int(D::kSharedBytes)));
     const int row_tiles = (args.tokens + D::kBlockM - 1) / D::kBlockM;
-    dq_pass_kernel<Element, kHeadDim><<<unsigned(int64_t(row_tiles) * slices), D::kThreads,
-                                        D::kSharedBytes, args.stream>>>(
-        q, k, v, d_o, args.log_sum_exp, row_dot, dq, args.tokens, row_tiles, scale, scale_log2);
+    attn::with_flags(
+        [&](auto causal) {
+          constexpr bool kCausal = decltype(causal)::value;
+          auto kernel = dq_pass_kernel<Element, kHeadDim, kCausal>;
+          CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          int(D::kSharedBytes)));
+          kernel<<<unsigned(int64_t(row_tiles) * slices), D::kThreads, D::kSharedBytes, args.stream>>>(
+              q, k, v, d_o, args.log_sum_exp, row_dot, dq, args.tokens,
+              policies::Mask<kCausal>{args.tokens, diagonal}, row_tiles, scale, scale_log2);
+        },
+        args.causal != attn::Causal::none);
     CUDA_CHECK_LAUNCH();
     return;
   }
@@ -606,5 +642,7 @@ ATTN_REGISTER_STEP(attn::StepInfo{ATTN_STEP_ID,
                                   attn::StepKind::backward, /*takes_strides=*/false,
                                   /*pipeline_report=*/nullptr, /*writes_log_sum_exp=*/false,
                                   launch_flash_backward, /*forward_step=*/"v6",
-                                  {attn::DType::fp16, attn::DType::bf16}}
+                                  {attn::DType::fp16, attn::DType::bf16},
+                                  /*takes_kv_tokens=*/false, /*takes_key_padding_mask=*/false,
+                                  /*takes_causal=*/true}
                        .with_tiles(tile_sizes))
