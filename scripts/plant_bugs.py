@@ -200,7 +200,7 @@ BUGS = [
         rule="unfenced-async-read"),
     # 2: a buffer rewritten while an asynchronous read of its old contents may be in flight.
     Bug("v8nowritersbarrier", V8, "one thread waits for the last O store's reads, the others write without the barrier after it",
-        [("o_staging.sync();\n    o_staging.begin_writes();", "o_staging.begin_writes();", 1)],
+        [("o_staging.sync();\n  o_staging.begin_writes();", "o_staging.begin_writes();", 1)],
         rule="write-during-async-read"),
     Bug("v10onedsbuffer", V10, "one dS^T buffer: a consumer rewrites it while the other's dQ wgmma may still read it",
         [("static constexpr int kDsBuffers = 2;", "static constexpr int kDsBuffers = 1;", 1)],

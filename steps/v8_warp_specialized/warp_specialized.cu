@@ -256,6 +256,60 @@ __device__ __forceinline__ void online_softmax(float (&s_acc)[kBlockN / 2], floa
   }
 }
 
+// The epilogue of a work tile, one consumer's 64 rows: normalise O and stage it (once the
+// previous tile's store has read the staging buffer), then one thread stores it; the store runs
+// on while the next tile starts. Rows past N are dropped by the store. L, when asked for, is one
+// float per row: the quad's first lane writes it. kMaybeNoKey: a mask may have left a row no key.
+constexpr float kPaddedScore = -0x1p100f;  // below any real score, and exact times the scale
+template <typename T, bool kWritesLse, bool kMaybeNoKey, typename Element>
+__device__ __forceinline__ void store_output(Element* o_tile, hopper::StagingBuffer& o_staging,
+                                             const CUtensorMap& o_map,
+                                             const float (&o_acc)[T::kTileColumns / 2],
+                                             const float (&row_max)[2], const float (&row_sum)[2],
+                                             float* __restrict__ row_lse, const WorkTile& tile,
+                                             int heads, int tokens, int consumer, int my_row0,
+                                             int warp, int lane, float scale_log2) {
+  const int quad_lane = lane % 4, thread_in_group = threadIdx.x % 128;
+  float inverse[2];
+  for (int half = 0; half < 2; ++half) {
+    float total = row_sum[half];
+    total += __shfl_xor_sync(0xffffffffu, total, 1);
+    total += __shfl_xor_sync(0xffffffffu, total, 2);
+    // A row whose keys were all padding or past its diagonal: O = 0, L = -inf (the reference's
+    // definition).
+    const bool no_key = kMaybeNoKey && row_max[half] == kPaddedScore;
+    inverse[half] = no_key ? 0.0f : 1.0f / total;
+    if constexpr (kWritesLse) {
+      const int row = my_row0 + warp * 16 + lane / 4 + 8 * half;
+      if (quad_lane == 0 && row < tokens) {
+        row_lse[(int64_t(tile.batch) * heads + tile.head) * tokens + row] =
+            no_key ? -INFINITY : hopper::log_sum_exp(row_max[half], total, scale_log2);
+      }
+    }
+  }
+  if (thread_in_group == 0) o_staging.wait_read();
+  o_staging.sync();
+  o_staging.begin_writes();
+  unsigned char* o_bytes = reinterpret_cast<unsigned char*>(o_tile);
+  for (int d = 0; d < T::kTileColumns / 8; ++d) {
+    for (int half = 0; half < 2; ++half) {
+      const int row = consumer * 64 + warp * 16 + lane / 4 + 8 * half;
+      *reinterpret_cast<uint32_t*>(o_bytes + hopper::swizzled_offset<T::kSwizzle>(row, 8 * d + 2 * quad_lane, T::kBlockM)) =
+          hopper::pack_pair<Element>(o_acc[4 * d + 2 * half] * inverse[half],
+                                     o_acc[4 * d + 2 * half + 1] * inverse[half]);
+    }
+  }
+  o_staging.fence();  // these ordinary stores are read next by the copy engine
+  o_staging.sync();
+  if (thread_in_group == 0) {
+    for (int c = 0; c < T::kColumnBlocks; ++c) {
+      hopper::tma_store(&o_map, o_tile + (c * T::kBlockM + consumer * 64) * T::kSwizzleColumns,
+                        c * T::kSwizzleColumns, my_row0, tile.head, tile.batch);
+    }
+    o_staging.commit();
+  }
+}
+
 // ---- The kernel -----------------------------------------------------------------------------
 
 // A thread of consumer c holds two rows of c's 64 (ptx.cuh gives the accumulator layout):
@@ -265,7 +319,6 @@ __device__ __forceinline__ void online_softmax(float (&s_acc)[kBlockN / 2], floa
 // kMasked: key_padding ([B, N_k] bytes, 1: padding) marks keys that get no weight, as in v6
 // (kPaddedScore), a kernel of its own too. kCausal: the causal mask (policies/mask.cuh) decides
 // which K/V tiles a work tile walks, and its boundary tiles mask their keys with kPaddedScore.
-constexpr float kPaddedScore = -0x1p100f;  // below any real score, and exact times the scale
 template <typename T, bool kWritesLse, typename Element, bool kMasked, bool kCausal>
 __global__ void __launch_bounds__(T::kThreads, 1)
     warp_specialized_attention_kernel(const __grid_constant__ CUtensorMap q_map,
@@ -514,48 +567,9 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     }
     kv_use += kv_tiles;
 
-    // Normalise and stage this warpgroup's rows of O (once the previous tile's store has read
-    // the staging buffer), then one thread stores them; the store runs on while the next tile
-    // starts. Rows past N are dropped by the store. L, when asked for, is one float per row:
-    // the quad's first lane writes it.
-    float inverse[2];
-    for (int half = 0; half < 2; ++half) {
-      float total = row_sum[half];
-      total += __shfl_xor_sync(0xffffffffu, total, 1);
-      total += __shfl_xor_sync(0xffffffffu, total, 2);
-      // A row whose keys were all padding or past its diagonal: O = 0, L = -inf (the reference's
-      // definition).
-      const bool no_key = (kMasked || kCausal) && row_max[half] == kPaddedScore;
-      inverse[half] = no_key ? 0.0f : 1.0f / total;
-      if constexpr (kWritesLse) {
-        const int row = my_row0 + warp * 16 + lane / 4 + 8 * half;
-        if (quad_lane == 0 && row < tokens) {
-          row_lse[(int64_t(tile.batch) * heads + tile.head) * tokens + row] =
-              no_key ? -INFINITY : hopper::log_sum_exp(row_max[half], total, scale_log2);
-        }
-      }
-    }
-    if (thread_in_group == 0) o_staging.wait_read();
-    o_staging.sync();
-    o_staging.begin_writes();
-    unsigned char* o_bytes = reinterpret_cast<unsigned char*>(smem.o);
-    for (int d = 0; d < kTileColumns / 8; ++d) {
-      for (int half = 0; half < 2; ++half) {
-        const int row = consumer * 64 + warp * 16 + lane / 4 + 8 * half;
-        *reinterpret_cast<uint32_t*>(o_bytes + hopper::swizzled_offset<T::kSwizzle>(row, 8 * d + 2 * quad_lane, T::kBlockM)) =
-            hopper::pack_pair<Element>(o_acc[4 * d + 2 * half] * inverse[half],
-                                       o_acc[4 * d + 2 * half + 1] * inverse[half]);
-      }
-    }
-    o_staging.fence();  // these ordinary stores are read next by the copy engine
-    o_staging.sync();
-    if (thread_in_group == 0) {
-      for (int c = 0; c < T::kColumnBlocks; ++c) {
-        hopper::tma_store(&o_map, smem.o + (c * T::kBlockM + consumer * 64) * kSwizzleColumns,
-                          c * kSwizzleColumns, my_row0, tile.head, tile.batch);
-      }
-      o_staging.commit();
-    }
+    store_output<T, kWritesLse, kMasked || kCausal>(smem.o, o_staging, o_map, o_acc, row_max, row_sum,
+                                                   row_lse, tile, heads, tokens, consumer, my_row0,
+                                                   warp, lane, scale_log2);
   }
   if (consumer == 0) turns.wait_for_turn();  // the turn consumer 1 passed last: every arrival is met
   if (thread_in_group == 0) o_staging.wait();  // shared memory must outlive the stores
