@@ -148,6 +148,19 @@ __device__ __forceinline__ int kv_tiles_of(const policies::Mask<kCausal>& mask, 
   return mask.kv_tiles(tile.row0, T::kBlockM, T::kBlockN);
 }
 
+// Every barrier of the block, by one thread: the rings' full and empty barriers (an empty one
+// completes when every consumer warp has released its stage) and the O staging buffers'.
+template <typename T>
+__device__ __forceinline__ void init_barriers(hopper::Ring<T::kQBuffers>& q_ring,
+                                              hopper::Ring<T::kStages>& k_ring,
+                                              hopper::Ring<T::kStages>& v_ring) {
+  q_ring.init(kConsumerWarps<T>);
+  k_ring.init(kConsumerWarps<T>);
+  v_ring.init(kConsumerWarps<T>);
+  for (int c = 0; c < T::kConsumers; ++c) hopper::StagingBuffer(c).init();
+  hopper::fence_barrier_init();
+}
+
 // The producer: one thread issues every copy, Q once per work tile, then K and V of its K/V
 // tiles, walking the same work tiles as the consumers.
 template <typename T, typename Element, bool kCausal>
@@ -256,11 +269,161 @@ __device__ __forceinline__ void online_softmax(float (&s_acc)[kBlockN / 2], floa
   }
 }
 
+// The tensor-core work of a consumer on one K/V visit, issued and committed, not awaited.
+// S = Q K^T for the consumer's 64 rows of Q and a K tile.
+template <typename T, typename Element>
+__device__ __forceinline__ void wgmma_scores(float (&s_acc)[T::kBlockN / 2], const Element* q_rows,
+                                             const Element* k_tile, hopper::WgmmaGroups& groups) {
+  const hopper::KMajorOperand<T::kBlockM, T::kSwizzle> q(q_rows);
+  const hopper::KMajorOperand<T::kBlockN, T::kSwizzle> k(k_tile);
+  hopper::wgmma_fence();
+  for (int step = 0; step < T::kDSteps; ++step) {
+    hopper::wgmma_ss<Element>(s_acc, q.k_step(step), k.k_step(step), step > 0);
+  }
+  groups.commit();
+}
+// O += P V with a V tile. Until it completes, neither O nor P (read from registers by the
+// tensor cores) may change: await_output waits for it.
+template <typename T, typename Element>
+__device__ __forceinline__ void wgmma_output(float (&o_acc)[T::kTileColumns / 2],
+                                             uint32_t (&p_fragments)[T::kKeySteps][4],
+                                             const Element* v_tile, hopper::WgmmaGroups& groups) {
+  const hopper::MNMajorOperand<T::kBlockN, T::kSwizzle> v(v_tile);
+  for (int step = 0; step < T::kKeySteps; ++step) hopper::fence_registers(p_fragments[step]);
+  hopper::fence_registers(o_acc);
+  hopper::wgmma_fence();
+  for (int step = 0; step < T::kKeySteps; ++step) {
+    hopper::wgmma_rs<Element>(o_acc, p_fragments[step], v.k_step(step), true);
+  }
+  groups.commit();
+}
+template <typename T>
+__device__ __forceinline__ void await_output(hopper::WgmmaGroups& groups, float (&o_acc)[T::kTileColumns / 2],
+                                             uint32_t (&p_fragments)[T::kKeySteps][4]) {
+  groups.wait<0>();
+  hopper::fence_registers(o_acc);
+  for (int step = 0; step < T::kKeySteps; ++step) hopper::fence_registers(p_fragments[step]);
+}
+// P in fp16 (or bf16), laid out as wgmma's A operand (two 8-key accumulator blocks per 16-key step).
+template <typename T, typename Element>
+__device__ __forceinline__ void pack_probabilities(uint32_t (&p_fragments)[T::kKeySteps][4],
+                                                   const float (&s_acc)[T::kBlockN / 2]) {
+  for (int step = 0; step < T::kKeySteps; ++step) {
+    p_fragments[step][0] = hopper::pack_pair<Element>(s_acc[8 * step + 0], s_acc[8 * step + 1]);
+    p_fragments[step][1] = hopper::pack_pair<Element>(s_acc[8 * step + 2], s_acc[8 * step + 3]);
+    p_fragments[step][2] = hopper::pack_pair<Element>(s_acc[8 * step + 4], s_acc[8 * step + 5]);
+    p_fragments[step][3] = hopper::pack_pair<Element>(s_acc[8 * step + 6], s_acc[8 * step + 7]);
+  }
+}
+// O shrinks by each row's correction when its maximum grows (the online softmax).
+template <typename T>
+__device__ __forceinline__ void rescale_output(float (&o_acc)[T::kTileColumns / 2], const float (&correction)[2]) {
+  for (int half = 0; half < 2; ++half) {
+    for (int d = 0; d < T::kTileColumns / 8; ++d) {
+      o_acc[4 * d + 2 * half] *= correction[half];
+      o_acc[4 * d + 2 * half + 1] *= correction[half];
+    }
+  }
+}
+
+// The score a masked key gets: below any real score, and exact times the scale (a power of two).
+constexpr float kPaddedScore = -0x1p100f;
+
+// The element masks of a consumer thread's S accumulators (its warp's 16 rows of a K/V tile, in
+// wgmma's layout: element e of 8-key block i is key 8 i + 2 quad_lane + e % 2 of the tile, row
+// lane / 4 + 8 (e / 2) of the warp's 16). Keys past N_k, keys the key-padding mask marks
+// (kMasked) and keys past a row's causal diagonal (kCausal) lose their weight.
+template <typename T, bool kMasked, bool kCausal>
+struct ScoreMasks {
+  static constexpr int kBlockN = T::kBlockN;
+  static constexpr int kPaddingWords = (kBlockN + 31) / 32;
+  struct PaddingBytes {
+    uint8_t bytes[kPaddingWords];
+  };
+  struct Padding {
+    uint32_t words[kPaddingWords];
+  };
+  const policies::Mask<kCausal>& mask;
+  const uint8_t* padding_row;  // the work tile's batch element's [N_k] bytes (kMasked)
+  int row0;                    // this thread's first row: row0 + 8 is its second
+  int lane;
+
+  // The key-padding mask of K/V tile kv_tile, one bit per key (bit j of word w: key 32 w + j),
+  // the same in every lane of the warp: each lane reads one key in 32 (a warp's loads are 32
+  // consecutive bytes), and a ballot shares the answers. The bytes of the next tile are fetched
+  // while this one is computed, so neither the softmax nor the ping-pong's hand-over waits on a
+  // load. A lane past N_k reads the tile's last key instead (in bounds) and votes no.
+  __device__ __forceinline__ PaddingBytes fetch_padding(int kv_tile) const {
+    PaddingBytes fetched{};
+    if constexpr (kMasked) {
+      const int kv_tokens = mask.kv_tokens;
+      const uint8_t* padding = padding_row + kv_tile * kBlockN;
+      const int tile_keys = min(kBlockN, kv_tokens - kv_tile * kBlockN);
+      for (int w = 0; w < kPaddingWords; ++w) {
+        fetched.bytes[w] = padding[min(32 * w + lane, tile_keys - 1)];
+      }
+    }
+    return fetched;
+  }
+  __device__ __forceinline__ Padding vote_padding(const PaddingBytes& fetched, int kv_tile) const {
+    Padding padded{};
+    if constexpr (kMasked) {
+      const int tile_keys = min(kBlockN, mask.kv_tokens - kv_tile * kBlockN);
+      for (int w = 0; w < kPaddingWords; ++w) {
+        padded.words[w] =
+            __ballot_sync(0xffffffffu, fetched.bytes[w] != 0 && 32 * w + lane < tile_keys);
+      }
+    }
+    return padded;
+  }
+  // Keys the mask marks as padding get kPaddedScore. This thread's keys of 8-key block i are
+  // 8 i + 2 quad_lane + {0, 1}: bits of word i / 4, since a block never straddles two words.
+  __device__ __forceinline__ void mask_padding(float (&s_acc)[kBlockN / 2], const Padding& padded) const {
+    if constexpr (kMasked) {
+      const int quad_lane = lane % 4;
+      for (int i = 0; i < kBlockN / 8; ++i) {
+        const uint32_t mine = padded.words[i / 4] >> (8 * (i % 4) + 2 * quad_lane);
+        for (int column = 0; column < 2; ++column) {
+          if ((mine >> column) & 1) {
+            s_acc[4 * i + column] = kPaddedScore;
+            s_acc[4 * i + column + 2] = kPaddedScore;
+          }
+        }
+      }
+    }
+  }
+  // Without the causal mask, keys past N_k exist only in the last K/V tile, the first visited
+  // (their K rows are TMA's zeros): -inf, so p = 0.
+  __device__ __forceinline__ void mask_tail(float (&s_acc)[kBlockN / 2], int kv_tiles) const {
+    const int quad_lane = lane % 4, kv_tokens = mask.kv_tokens;
+    const int last_tile_keys = kv_tokens - (kv_tiles - 1) * kBlockN;
+    if (last_tile_keys < kBlockN) {
+      for (int i = 0; i < kBlockN / 8; ++i) {
+        for (int e = 0; e < 4; ++e) {
+          if (8 * i + 2 * quad_lane + e % 2 >= last_tile_keys) s_acc[4 * i + e] = -INFINITY;
+        }
+      }
+    }
+  }
+  // Under the causal mask, the keys of K/V tile kv_tile that a row does not see (past its
+  // diagonal or past N_k) get kPaddedScore.
+  __device__ __forceinline__ void mask_causal(float (&s_acc)[kBlockN / 2], int kv_tile) const {
+    const int quad_lane = lane % 4;
+    for (int i = 0; i < kBlockN / 8; ++i) {
+      for (int e = 0; e < 4; ++e) {
+        const int row = row0 + 8 * (e / 2);
+        if (!mask.sees(row, kv_tile * kBlockN + 8 * i + 2 * quad_lane + e % 2)) {
+          s_acc[4 * i + e] = kPaddedScore;
+        }
+      }
+    }
+  }
+};
+
 // The epilogue of a work tile, one consumer's 64 rows: normalise O and stage it (once the
 // previous tile's store has read the staging buffer), then one thread stores it; the store runs
 // on while the next tile starts. Rows past N are dropped by the store. L, when asked for, is one
 // float per row: the quad's first lane writes it. kMaybeNoKey: a mask may have left a row no key.
-constexpr float kPaddedScore = -0x1p100f;  // below any real score, and exact times the scale
 template <typename T, bool kWritesLse, bool kMaybeNoKey, typename Element>
 __device__ __forceinline__ void store_output(Element* o_tile, hopper::StagingBuffer& o_staging,
                                              const CUtensorMap& o_map,
@@ -344,13 +507,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   const int whole_kv_tiles = (kv_tokens + kBlockN - 1) / kBlockN;
   hopper::StagingBuffer o_staging(warp_group - 1);  // the consumers' (c = warp_group - 1)
 
-  if (threadIdx.x == 0) {
-    q_ring.init(kConsumerWarps<T>);
-    k_ring.init(kConsumerWarps<T>);
-    v_ring.init(kConsumerWarps<T>);
-    for (int c = 0; c < T::kConsumers; ++c) hopper::StagingBuffer(c).init();
-    hopper::fence_barrier_init();
-  }
+  if (threadIdx.x == 0) init_barriers<T>(q_ring, k_ring, v_ring);
   __syncthreads();  // the last block-wide barrier: from here on the roles meet only at mbarriers
 
   // Both roles walk the same work tiles, and count the same uses of each ring: Q once per work
@@ -370,7 +527,6 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   hopper::claim_registers<T::kConsumerRegisters>();
   const int consumer = warp_group - 1;
   const int thread_in_group = threadIdx.x % 128;
-  const int quad_lane = lane % 4;
   hopper::WgmmaGroups groups;
   // Ping-pong: wait for my turn to issue GEMMs, then hand the turn to the other consumer.
   // Consumer 0 goes first: consumer 1 hands it the first turn.
@@ -403,103 +559,15 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     // S = Q K^T with this work tile's Q (this warpgroup's 64 rows of it) and the K of this use
     // of the ring, issued and committed, not awaited.
     auto issue_scores = [&](int use) {
-      const hopper::KMajorOperand<T::kBlockM, T::kSwizzle> q(smem.q[q_ring.read(q_use, groups)] +
-                                                             consumer * 64 * kSwizzleColumns);
-      const hopper::KMajorOperand<kBlockN, T::kSwizzle> k(smem.k[k_ring.read(use, groups)]);
-      hopper::wgmma_fence();
-      for (int step = 0; step < T::kDSteps; ++step) {
-        hopper::wgmma_ss<Element>(s_acc, q.k_step(step), k.k_step(step), step > 0);
-      }
-      groups.commit();
+      wgmma_scores<T, Element>(s_acc, smem.q[q_ring.read(q_use, groups)] + consumer * 64 * kSwizzleColumns,
+                               smem.k[k_ring.read(use, groups)], groups);
     };
-    // O += P V with the V of this use of the ring, issued and committed, not awaited. Until it
-    // completes, neither O nor P (read from registers by the tensor cores) may change.
+    // O += P V with the V of this use of the ring, issued and committed, not awaited.
     auto issue_output = [&](int use) {
-      const hopper::MNMajorOperand<kBlockN, T::kSwizzle> v(smem.v[v_ring.read(use, groups)]);
-      for (int step = 0; step < T::kKeySteps; ++step) hopper::fence_registers(p_fragments[step]);
-      hopper::fence_registers(o_acc);
-      hopper::wgmma_fence();
-      for (int step = 0; step < T::kKeySteps; ++step) {
-        hopper::wgmma_rs<Element>(o_acc, p_fragments[step], v.k_step(step), true);
-      }
-      groups.commit();
+      wgmma_output<T, Element>(o_acc, p_fragments, smem.v[v_ring.read(use, groups)], groups);
     };
-    auto await_output = [&]() {
-      groups.wait<0>();
-      hopper::fence_registers(o_acc);
-      for (int step = 0; step < T::kKeySteps; ++step) hopper::fence_registers(p_fragments[step]);
-    };
-    // The mask (kMasked) of K/V tile kv_tile, one bit per key (bit j of word w: key 32 w + j),
-    // the same in every lane of the warp: each lane reads one key in 32 (a warp's loads are 32
-    // consecutive bytes), and a ballot shares the answers. The bytes of the next tile are fetched
-    // while this one is computed, so neither the softmax nor the ping-pong's hand-over waits on a
-    // load. A lane past N_k reads the tile's last key instead (in bounds) and votes no.
-    constexpr int kPaddingWords = (kBlockN + 31) / 32;
-    struct PaddingBytes {
-      uint8_t bytes[kPaddingWords];
-    };
-    struct Padding {
-      uint32_t words[kPaddingWords];
-    };
-    auto fetch_padding = [&](int kv_tile) {
-      PaddingBytes fetched{};
-      if constexpr (kMasked) {
-        const uint8_t* padding = key_padding + int64_t(tile.batch) * kv_tokens + kv_tile * kBlockN;
-        const int tile_keys = min(kBlockN, kv_tokens - kv_tile * kBlockN);
-        for (int w = 0; w < kPaddingWords; ++w) {
-          fetched.bytes[w] = padding[min(32 * w + lane, tile_keys - 1)];
-        }
-      }
-      return fetched;
-    };
-    auto vote_padding = [&](const PaddingBytes& fetched, int kv_tile) {
-      Padding padded{};
-      if constexpr (kMasked) {
-        const int tile_keys = min(kBlockN, kv_tokens - kv_tile * kBlockN);
-        for (int w = 0; w < kPaddingWords; ++w) {
-          padded.words[w] =
-              __ballot_sync(0xffffffffu, fetched.bytes[w] != 0 && 32 * w + lane < tile_keys);
-        }
-      }
-      return padded;
-    };
-    // Keys the mask marks as padding get kPaddedScore. This thread's keys of 8-key block i are
-    // 8 i + 2 quad_lane + {0, 1}: bits of word i / 4, since a block never straddles two words.
-    auto mask_padding = [&](const Padding& padded) {
-      if constexpr (kMasked) {
-        for (int i = 0; i < kBlockN / 8; ++i) {
-          const uint32_t mine = padded.words[i / 4] >> (8 * (i % 4) + 2 * quad_lane);
-          for (int column = 0; column < 2; ++column) {
-            if ((mine >> column) & 1) {
-              s_acc[4 * i + column] = kPaddedScore;
-              s_acc[4 * i + column + 2] = kPaddedScore;
-            }
-          }
-        }
-      }
-    };
-    // Under the causal mask, the keys of K/V tile kv_tile that a row does not see (past its
-    // diagonal or past N_k) get kPaddedScore. Element e of 8-key block i: key 8 i + 2 quad_lane
-    // + e % 2 of the tile, row lane / 4 + 8 (e / 2) of the warp's 16.
-    auto mask_causal = [&](int kv_tile) {
-      for (int i = 0; i < kBlockN / 8; ++i) {
-        for (int e = 0; e < 4; ++e) {
-          const int row = my_row0 + warp * 16 + lane / 4 + 8 * (e / 2);
-          if (!mask.sees(row, kv_tile * kBlockN + 8 * i + 2 * quad_lane + e % 2)) {
-            s_acc[4 * i + e] = kPaddedScore;
-          }
-        }
-      }
-    };
-    // P in fp16 (or bf16), laid out as wgmma's A operand (two 8-key accumulator blocks per 16-key step).
-    auto pack_probabilities = [&]() {
-      for (int step = 0; step < T::kKeySteps; ++step) {
-        p_fragments[step][0] = hopper::pack_pair<Element>(s_acc[8 * step + 0], s_acc[8 * step + 1]);
-        p_fragments[step][1] = hopper::pack_pair<Element>(s_acc[8 * step + 2], s_acc[8 * step + 3]);
-        p_fragments[step][2] = hopper::pack_pair<Element>(s_acc[8 * step + 4], s_acc[8 * step + 5]);
-        p_fragments[step][3] = hopper::pack_pair<Element>(s_acc[8 * step + 6], s_acc[8 * step + 7]);
-      }
-    };
+    const ScoreMasks<T, kMasked, kCausal> masks{mask, key_padding + int64_t(tile.batch) * kv_tokens,
+                                                my_row0 + warp * 16 + lane / 4, lane};
 
     q_ring.wait_full(q_use);
     if (kCausal && kv_tiles == 0) {  // every row above the diagonal: O = 0, L = -inf
@@ -509,28 +577,21 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       // TMA's zeros), which get -inf, so p = 0. Under the causal mask the first visits, to the
       // tiles from mask.first_partial_tile on, hold the keys past the diagonal as well.
       const int partial_visits = kv_tiles - mask.first_partial_tile(tile.row0, kBlockN);
-      PaddingBytes fetched = fetch_padding(kv_tiles - 1);
+      auto fetched = masks.fetch_padding(kv_tiles - 1);
       k_ring.wait_full(kv_use);
       issue_scores(kv_use);
       groups.wait<0>();
       hopper::fence_registers(s_acc);
       k_ring.release(kv_use, lane, groups);
       if constexpr (kCausal) {
-        mask_causal(kv_tiles - 1);
+        masks.mask_causal(s_acc, kv_tiles - 1);
       } else {
-        const int last_tile_keys = kv_tokens - (kv_tiles - 1) * kBlockN;
-        if (last_tile_keys < kBlockN) {
-          for (int i = 0; i < kBlockN / 8; ++i) {
-            for (int e = 0; e < 4; ++e) {
-              if (8 * i + 2 * quad_lane + e % 2 >= last_tile_keys) s_acc[4 * i + e] = -INFINITY;
-            }
-          }
-        }
+        masks.mask_tail(s_acc, kv_tiles);
       }
-      mask_padding(vote_padding(fetched, kv_tiles - 1));
-      if (kv_tiles > 1) fetched = fetch_padding(kv_tiles - 2);
+      masks.mask_padding(s_acc, masks.vote_padding(fetched, kv_tiles - 1));
+      if (kv_tiles > 1) fetched = masks.fetch_padding(kv_tiles - 2);
       online_softmax<kBlockN>(s_acc, row_max, row_sum, correction, scale_log2);  // O is still zero
-      pack_probabilities();
+      pack_probabilities<T, Element>(p_fragments, s_acc);
 
       // Every other visit, to full tiles: its S = Q K^T and the previous visit's P V go to the
       // tensor cores together (in this consumer's turn), and the softmax of this S runs while
@@ -545,24 +606,19 @@ __global__ void __launch_bounds__(T::kThreads, 1)
         groups.wait<1>();  // S is ready; P V may still run
         hopper::fence_registers(s_acc);
         k_ring.release(kv_use + i, lane, groups);
-        if (kCausal && i < partial_visits) mask_causal(kv_tiles - 1 - i);
-        mask_padding(vote_padding(fetched, kv_tiles - 1 - i));
-        if (i + 1 < kv_tiles) fetched = fetch_padding(kv_tiles - 2 - i);
+        if (kCausal && i < partial_visits) masks.mask_causal(s_acc, kv_tiles - 1 - i);
+        masks.mask_padding(s_acc, masks.vote_padding(fetched, kv_tiles - 1 - i));
+        if (i + 1 < kv_tiles) fetched = masks.fetch_padding(kv_tiles - 2 - i);
         online_softmax<kBlockN>(s_acc, row_max, row_sum, correction, scale_log2);
-        await_output();  // now the V buffer is free, and O and P may change
+        await_output<T>(groups, o_acc, p_fragments);  // now the V buffer is free, and O and P may change
         v_ring.release(kv_use + i - 1, lane, groups);
-        for (int half = 0; half < 2; ++half) {
-          for (int d = 0; d < kTileColumns / 8; ++d) {
-            o_acc[4 * d + 2 * half] *= correction[half];
-            o_acc[4 * d + 2 * half + 1] *= correction[half];
-          }
-        }
-        pack_probabilities();
+        rescale_output<T>(o_acc, correction);
+        pack_probabilities<T, Element>(p_fragments, s_acc);
       }
       q_ring.release(q_use, lane, groups);  // every S = Q K^T of this work tile is complete
       v_ring.wait_full(kv_use + kv_tiles - 1);
       issue_output(kv_use + kv_tiles - 1);
-      await_output();
+      await_output<T>(groups, o_acc, p_fragments);
       v_ring.release(kv_use + kv_tiles - 1, lane, groups);
     }
     kv_use += kv_tiles;
