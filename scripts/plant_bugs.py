@@ -7,7 +7,8 @@ the two; the report says which caught which, and the checked build's line names 
   scripts/plant_bugs.py [--build-dir DIR] [--out DIR] [--jobs N] [--only ID,ID,...]
                         [--build-only | --run-only | --check-edits]
 
-Building (here, no GPU needed) writes OUT/planted/<id>.cu and links, with the harness and the
+Building (here, no GPU needed) writes OUT/planted/<id>.cu (and OUT/planted/<id>/ the library
+headers a bug edits, found first by that copy alone) and links, with the harness and the
 suite's objects of an existing build (default build/), OUT/gpu_tests_planted (every copy, normal
 build) and OUT/gpu_tests_planted_checked (the Hopper copies built with ATTN_CHECKED_PIPELINE=1).
 Running (on a GPU) calls `gpu_tests_planted[_checked] --step=<id>` for each copy, every test case
@@ -37,7 +38,8 @@ class Bug:
     id: str
     folder: str           # steps/<folder>/
     what: str             # what a student got wrong, in a few words
-    edits: list           # (the text as shipped, the text with the bug, which occurrence: 1 = first)
+    edits: list           # (the text as shipped, the text with the bug, which occurrence: 1 = first
+                          #  [, the file under steps/ when not the step's own: a library header])
     hangs: bool = False   # waits forever in a normal build
     rule: str = ""        # the checked build's rule this bug breaks, when it is a protocol bug
     target: str = ""      # a test case built to catch this bug, run on its own as well
@@ -70,7 +72,7 @@ BUGS = [
         [("padded.words[i / 4] >> (8 * (i % 4) + 2 * quad_lane)", "padded.words[i / 4] >> (8 * (i % 4))", 1)]),
     Bug("v8maskfirsttile", V8, "the mask of the block's first work tile used for every tile it walks",
         [("key_padding + int64_t(tile.batch) * kv_tokens,",
-          "key_padding + int64_t(work_tile(blockIdx.x, row_tiles, heads, T::kBlockM, work_tiles).batch) * kv_tokens,", 1)]),
+          "key_padding + int64_t(scheduler.at(scheduler.first()).batch) * kv_tokens,", 1)]),
     Bug("v0maskignored", V0, "keys the key-padding mask marks keep their weight",
         [("if (padded(j)) continue;  // no weight at all, not a small one", "", 1)]),
     Bug("v6nonorm", V6, "O not divided by the row sum",
@@ -78,24 +80,24 @@ BUGS = [
           "const float inverse = no_key ? 0.0f : 1.0f;", 1)]),
     Bug("v7nomask", V7, "keys past N keep their scores", [("if (tile_keys < T::kBlockN) {", "if (false) {", 1)]),
     Bug("v7norescale", V7, "O not rescaled when the row max grows",
-        [("o_acc[4 * d + 2 * half] *= correction;", ";", 1)]),
+        [("o_acc[4 * d + 2 * half] *= correction[half];", ";", 1, "policies/online_softmax.cuh")]),
     Bug("v7nonorm", V7, "O not divided by the row sum",
-        [("inverse[half] = 1.0f / total;", "inverse[half] = 1.0f;", 1)]),
+        [("inverse[half] = no_key ? 0.0f : 1.0f / total;", "inverse[half] = no_key ? 0.0f : 1.0f;", 1, "hopper/epilogue.cuh")]),
     Bug("v7maskoffbyone", V7, "the mask admits one key past N",
         [("e % 2 >= tile_keys)", "e % 2 > tile_keys)", 1)], target=KEY_MASK_TEST),
     Bug("v8nomask", V8, "keys past N keep their scores", [("if (last_tile_keys < kBlockN) {", "if (false) {", 1)]),
     Bug("v8norescale", V8, "O not rescaled when the row max grows",
-        [("o_acc[4 * d + 2 * half] *= correction[half];", ";", 1)]),
+        [("o_acc[4 * d + 2 * half] *= correction[half];", ";", 1, "policies/online_softmax.cuh")]),
     Bug("v8nonorm", V8, "O not divided by the row sum",
-        [("inverse[half] = no_key ? 0.0f : 1.0f / total;", "inverse[half] = no_key ? 0.0f : 1.0f;", 1)]),
+        [("inverse[half] = no_key ? 0.0f : 1.0f / total;", "inverse[half] = no_key ? 0.0f : 1.0f;", 1, "hopper/epilogue.cuh")]),
     Bug("v8maskoffbyone", V8, "the mask admits one key past N",
         [("e % 2 >= last_tile_keys)", "e % 2 > last_tile_keys)", 1)], target=KEY_MASK_TEST),
     # L for the backward pass, from the lane's share of the row sum instead of the quad's.
     Bug("v6lsepartial", V6, "L from one lane's share of the row sum",
         [("log_sum_exp(row_max[r], total, scale_log2)", "log_sum_exp(row_max[r], row_sum[r], scale_log2)", 1)]),
     Bug("v8lsepartial", V8, "L from one lane's share of the row sum",
-        [("hopper::log_sum_exp(row_max[half], total, scale_log2)",
-          "hopper::log_sum_exp(row_max[half], row_sum[half], scale_log2)", 1)]),
+        [("log_sum_exp(row_max[half], total, scale_log2)",
+          "log_sum_exp(row_max[half], row_sum[half], scale_log2)", 1, "hopper/epilogue.cuh")]),
     # The backward (v9): the maths of dS, an operand's layout, dQ's sum across blocks, the mask.
     Bug("v9nodterm", V9, "dS without the D term (P o dP instead of P o (dP - D))",
         [("p * (dp_acc[n][e] - dot[column])", "p * dp_acc[n][e]", 1)]),
@@ -151,7 +153,7 @@ BUGS = [
          ("groups.wait<1>();", "k_ring.release(kv_use + i, lane, groups);\n      groups.wait<1>();", 1)],
         rule="release-before-wgmma"),
     Bug("v8nostorewait", V8, "rewrites the O staging buffer before the last store has read it",
-        [("if (thread_in_group == 0) o_staging.wait_read();", ";", 1)], rule="write-during-async-read"),
+        [("if (thread_in_group == 0) o_staging.wait_read();", ";", 1, "hopper/epilogue.cuh")], rule="write-during-async-read"),
     Bug("v8noemptywait", V8, "the producer refills K/V stages without waiting for them to be free",
         [("ring.wait_empty(use);", ";", 1)], rule="refill-before-release"),
     Bug("v8hang", V8, "the producer announces more bytes than its copies deliver",
@@ -193,14 +195,14 @@ BUGS = [
     # three, the suite's sizes from the steps' tiles for the fourth). 1: ordinary stores read by
     # the async proxy with no proxy fence.
     Bug("v8nostagingfence", V8, "O staged with ordinary stores and stored by TMA with no proxy fence",
-        [("o_staging.fence();  // these ordinary stores are read next by the copy engine", ";", 1)],
+        [("o_staging.fence();  // these ordinary stores are read next by the copy engine", ";", 1, "hopper/epilogue.cuh")],
         rule="unfenced-async-read"),
     Bug("v10nodsfence", V10, "dS^T written with ordinary stores and read by wgmma with no proxy fence",
         [("ds.fence(step);  // read next by wgmma, the other consumer's too", ";", 1)],
         rule="unfenced-async-read"),
     # 2: a buffer rewritten while an asynchronous read of its old contents may be in flight.
     Bug("v8nowritersbarrier", V8, "one thread waits for the last O store's reads, the others write without the barrier after it",
-        [("o_staging.sync();\n  o_staging.begin_writes();", "o_staging.begin_writes();", 1)],
+        [("o_staging.sync();\n  o_staging.begin_writes();", "o_staging.begin_writes();", 1, "hopper/epilogue.cuh")],
         rule="write-during-async-read"),
     Bug("v10onedsbuffer", V10, "one dS^T buffer: a consumer rewrites it while the other's dQ wgmma may still read it",
         [("static constexpr int kDsBuffers = 2;", "static constexpr int kDsBuffers = 1;", 1)],
@@ -230,21 +232,28 @@ def fail(message, status=3):
     sys.exit(status)
 
 
-def planted_source(bug):
+def planted_sources(bug):
+    """The planted files: {None: the step's .cu} and, for an edit in a library header (policies/,
+    hopper/), {its path under steps/: its text}. The copy of a header is found before the
+    shipped one (its folder comes first on the include path), by this copy of the step only."""
     folder = os.path.join(REPO, "steps", bug.folder)
     sources = [name for name in os.listdir(folder) if name.endswith(".cu")]
     if len(sources) != 1:
         fail(f"{folder} must hold one .cu file")
-    path = os.path.join(folder, sources[0])
-    text = open(path).read()
-    for shipped, planted, occurrence in bug.edits:
+    paths = {None: os.path.join(folder, sources[0])}
+    texts = {}
+    for shipped, planted, occurrence, *header in bug.edits:
+        key = header[0] if header else None
+        path = paths[key] if key is None else paths.setdefault(key, os.path.join(REPO, "steps", key))
+        text = texts.get(key) or open(path).read()
         at = -1
         for _ in range(occurrence):
             at = text.find(shipped, at + 1)
             if at < 0:
                 fail(f"{bug.id}: {path} no longer has occurrence {occurrence} of '{shipped}'; update this script")
-        text = text[:at] + planted + text[at + len(shipped):]
-    return text
+        texts[key] = text[:at] + planted + text[at + len(shipped):]
+    texts.setdefault(None, open(paths[None]).read())
+    return texts
 
 
 def build(args, bugs):
@@ -271,6 +280,7 @@ def build(args, bugs):
         command = [nvcc, "-std=c++17", "-O3", "-lineinfo", "--expt-relaxed-constexpr",
                    "-gencode", f"arch=compute_{bug.arch},code=sm_{bug.arch}",
                    "-I" + os.path.join(REPO, "common"), "-I" + os.path.join(REPO, "reference"),
+                   "-I" + os.path.join(source_dir, bug.id),  # its planted headers, if any
                    "-I" + os.path.join(REPO, "steps"), f'-DATTN_STEP_ID="{bug.id}"',
                    "-c", source, "-o", obj]
         if checked:
@@ -281,9 +291,11 @@ def build(args, bugs):
         return obj
 
     for bug in bugs:
-        text = planted_source(bug)
-        with open(os.path.join(source_dir, f"{bug.id}.cu"), "w") as out:
-            out.write(text)
+        for header, text in planted_sources(bug).items():
+            path = os.path.join(source_dir, bug.id, header) if header else os.path.join(source_dir, f"{bug.id}.cu")
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path, "w") as out:
+                out.write(text)
     jobs = [(bug, False) for bug in bugs] + [(bug, True) for bug in bugs if bug.hopper]
     print(f"plant_bugs.py: compiling {len(jobs)} planted copies", flush=True)
     with concurrent.futures.ThreadPoolExecutor(max(1, os.cpu_count() or 1)) as pool:
@@ -433,7 +445,7 @@ def main():
         bugs = [bug for bug in BUGS if bug.id in wanted]
     if args.check_edits:
         for bug in bugs:
-            planted_source(bug)  # exits 3 with the missing text when an edit no longer applies
+            planted_sources(bug)  # exits 3 with the missing text when an edit no longer applies
         print(f"plant_bugs.py: all {len(bugs)} planted bugs still apply to steps/")
         return 0
     os.makedirs(args.out, exist_ok=True)

@@ -31,6 +31,8 @@ import tempfile
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ANONYMOUS = re.compile(r"_ZN\d+_GLOBAL__N__[0-9a-f]+_\d+_\w+?_cu_[0-9a-f]{8}_\d+")
+# The same namespace named inside a kernel's template arguments (a type of the step's own).
+ANONYMOUS_INSIDE = re.compile(r"\d+_GLOBAL__N__[0-9a-f]+_\d+_\w+?_cu_[0-9a-f]{8}_\d+")
 LABEL = re.compile(r"\$L__BB\d+_(\d+)")  # a label's first number is its function's place in the file
 ENTRY = re.compile(r"^(?:\.visible |\.weak )?\.entry (\S+?)\(")
 
@@ -49,6 +51,7 @@ def kernels(ptx_path):
     text = open(ptx_path).read()
     text = text.split("\t.section\t.debug", 1)[0]
     text = ANONYMOUS.sub("_ZN_anonymous_", text)
+    text = ANONYMOUS_INSIDE.sub("_anonymous_", text)
     text = LABEL.sub(r"$L__BB_\1", text)
     code, current, module, depth = {}, None, [], 0
     for line in text.splitlines():

@@ -22,6 +22,14 @@
 
 namespace policies {
 
+// The score an element mask gives a key a row must not see (padding, or past the diagonal):
+// lower than any real score can be, and finite, so a row whose keys so far are all masked still
+// has a maximum, and exp2(s scale - max scale) is exactly exp2(0) for them (2^100 times the
+// scale is exact: a power of two). Such a row's P is thrown away as soon as a real key raises
+// the maximum (its correction is exp2(-huge) = 0); a row that never meets one keeps
+// kPaddedScore as its maximum and is written as O = 0, L = -inf.
+constexpr float kPaddedScore = -0x1p100f;
+
 template <bool kCausal>
 struct Mask {
   int kv_tokens;     // keys of the slice (N_k)

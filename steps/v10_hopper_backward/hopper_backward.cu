@@ -38,6 +38,7 @@
 #include "element_type.hpp"
 #include "hopper/hopper.cuh"
 #include "policies/mask.cuh"
+#include "policies/tile_scheduler.cuh"
 #include "step.hpp"
 
 namespace {
@@ -182,10 +183,10 @@ __global__ void __launch_bounds__(T::kThreads, 1)
 
   const int warp_group = threadIdx.x / 128;
   const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
-  const int key_tile = blockIdx.x % key_tiles;
-  const int slice = blockIdx.x / key_tiles;
-  const int head = slice % heads, batch = slice / heads;
-  const int key0 = key_tile * kBlockN;
+  // Block b: K/V tile b % key_tiles of slice b / key_tiles (policies/tile_scheduler.cuh).
+  const policies::WorkTile work = policies::TileScheduler<kBlockN>{key_tiles, heads}.this_block();
+  const int key_tile = work.tile, slice = work.slice, head = work.head, batch = work.batch;
+  const int key0 = work.row0;
   hopper::StagingBuffer dq_staging(warp_group - 1, Buffer::dq_staging);
   // dS^T, written by both consumers (64 keys each), read by both for dQ.
   using DsOperand = hopper::ThreadOperand<T::kDsBuffers, T::kConsumers>;

@@ -91,12 +91,10 @@ __device__ __forceinline__ void load_tile_async(Element* tile, const Element* sl
 
 // ---- The kernel -----------------------------------------------------------------------------
 
-// The score of a key the mask marks as padding (kMasked): lower than any real score can be, and
-// finite, so a row whose keys so far are all padding still has a maximum, and exp2(s scale -
-// max scale) is exactly exp2(0) for them (2^100 times the scale is exact: a power of two). Such
-// a row's P is thrown away as soon as a real key raises the maximum (its correction is
-// exp2(-huge) = 0); a row that never meets one is written as O = 0, L = -inf.
-constexpr float kPaddedScore = -0x1p100f;
+// The score of a key the mask marks as padding (kMasked), -2^100: lower than any real score can
+// be, and finite, so a row whose keys so far are all padding still has a maximum
+// (policies/mask.cuh says why that is enough).
+using policies::kPaddedScore;
 
 // One block: kBlockM query rows of one (b, h) slice; warp w owns kWarpRows of them, as
 // kRowGroups groups of 16. Fragment layout of mma.m16n8k16 (PTX ISA): lane = 4*group +

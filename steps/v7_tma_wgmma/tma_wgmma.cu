@@ -17,7 +17,9 @@
 // Two warpgroups share each K and V tile: 128 query rows per block. Every thread computes; one
 // of them also issues the copies. Serves head dims 64 and 128 (whole 64-column swizzle blocks).
 // The wrappers of the new instructions, and the typed pieces built on them (rings of stages,
-// matrix descriptors, the staging buffer), are in steps/hopper/, shared with the later steps.
+// matrix descriptors, the staging buffer, the epilogue), are in steps/hopper/, shared with the
+// later steps; the online softmax and the block-to-tile mapping are steps/policies/, shared with
+// step 8.
 #include <cuda_fp16.h>
 
 #include <cmath>
@@ -28,7 +30,10 @@
 
 #include "cuda_check.hpp"
 #include "dispatch.hpp"
+#include "hopper/epilogue.cuh"
 #include "hopper/hopper.cuh"
+#include "policies/online_softmax.cuh"
+#include "policies/tile_scheduler.cuh"
 #include "step.hpp"
 
 namespace {
@@ -47,6 +52,7 @@ struct Tiles {
   static constexpr int kStages = 2;
   static constexpr hopper::Swizzle kSwizzle = hopper::Swizzle::bytes128;
   static constexpr int kSwizzleColumns = hopper::row_columns(kSwizzle);
+  static constexpr int kTileColumns = kHeadDim;
   static constexpr int kColumnBlocks = kHeadDim / kSwizzleColumns;
   static constexpr int kDSteps = kHeadDim / 16;     // k-steps of Q K^T
   static constexpr int kKeySteps = kBlockN / 16;    // k-steps of P V
@@ -84,7 +90,8 @@ __global__ void __launch_bounds__(Tiles<kHeadDim>::kThreads, 1)
                                const __grid_constant__ CUtensorMap k_map,
                                const __grid_constant__ CUtensorMap v_map,
                                const __grid_constant__ CUtensorMap o_map,
-                               float* __restrict__ row_lse, int heads, int tokens, int row_tiles,
+                               float* __restrict__ row_lse, int tokens,
+                               const policies::TileScheduler<Tiles<kHeadDim>::kBlockM> scheduler,
                                float scale_log2) {
   using T = Tiles<kHeadDim>;
   constexpr int kSwizzleColumns = T::kSwizzleColumns;
@@ -98,10 +105,10 @@ __global__ void __launch_bounds__(Tiles<kHeadDim>::kThreads, 1)
   const int warp_group = threadIdx.x / 128;
   const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
   const int quad_lane = lane % 4;
-  const int row_tile = blockIdx.x % row_tiles;  // consecutive blocks share a slice's K and V
-  const int slice = blockIdx.x / row_tiles;  // (b, h): the tensor maps take head and batch
-  const int head = slice % heads, batch = slice / heads;
-  const int row0 = row_tile * T::kBlockM;
+  // Block b: row tile b % row_tiles of slice b / row_tiles (consecutive blocks share a slice's K
+  // and V); the tensor maps take the slice's head and batch.
+  const policies::WorkTile work = scheduler.this_block();
+  const int head = work.head, batch = work.batch, row0 = work.row0;
   const int kv_tiles = (tokens + T::kBlockN - 1) / T::kBlockN;
   hopper::StagingBuffer o_staging(warp_group);  // O leaves through its rows of the Q tile
 
@@ -172,29 +179,11 @@ __global__ void __launch_bounds__(Tiles<kHeadDim>::kThreads, 1)
       }
     }
 
-    // The online softmax of v6, for this thread's two rows.
-    for (int half = 0; half < 2; ++half) {
-      float tile_max = row_max[half];
-      for (int i = 0; i < T::kBlockN / 8; ++i) {
-        tile_max = fmaxf(tile_max, fmaxf(s_acc[4 * i + 2 * half], s_acc[4 * i + 2 * half + 1]));
-      }
-      tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));  // across the quad
-      tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
-      const float max_scaled = tile_max * scale_log2;
-      const float correction = hopper::fast_exp2(row_max[half] * scale_log2 - max_scaled);  // 0 at first
-      row_max[half] = tile_max;
-      row_sum[half] *= correction;
-      for (int d = 0; d < kHeadDim / 8; ++d) {
-        o_acc[4 * d + 2 * half] *= correction;
-        o_acc[4 * d + 2 * half + 1] *= correction;
-      }
-      for (int i = 0; i < T::kBlockN / 8; ++i) {
-        for (int e = 2 * half; e < 2 * half + 2; ++e) {
-          s_acc[4 * i + e] = hopper::fast_exp2(fmaf(s_acc[4 * i + e], scale_log2, -max_scaled));
-          row_sum[half] += s_acc[4 * i + e];
-        }
-      }
-    }
+    // The online softmax of v6 (policies/online_softmax.cuh), for this thread's two rows: the
+    // scores become p in place, and O shrinks by each row's correction.
+    float correction[2];
+    policies::online_softmax<T::kBlockN>(s_acc, row_max, row_sum, correction, scale_log2);
+    policies::rescale_rows<kHeadDim>(o_acc, correction);
 
     // O += P V. As in v6, the accumulators of two neighbouring 8-key blocks, packed to fp16, are
     // the A operand of one 16-key step: wgmma takes P from registers.
@@ -224,42 +213,12 @@ __global__ void __launch_bounds__(Tiles<kHeadDim>::kThreads, 1)
   }
 
   // Normalise and stage this warpgroup's 64 rows of O in its own rows of the Q tile (only its
-  // own S = Q K^T read them, all complete), in the swizzled layout the TMA store reads; then
-  // one thread stores them. Rows past N are dropped by the store. L, when asked for, is one
-  // float per row: the quad's first lane writes it.
-  float inverse[2];
-  for (int half = 0; half < 2; ++half) {
-    float total = row_sum[half];
-    total += __shfl_xor_sync(0xffffffffu, total, 1);
-    total += __shfl_xor_sync(0xffffffffu, total, 2);
-    inverse[half] = 1.0f / total;
-    if constexpr (kWritesLse) {
-      const int row = row0 + warp_group * 64 + warp * 16 + lane / 4 + 8 * half;
-      if (quad_lane == 0 && row < tokens) {
-        row_lse[int64_t(slice) * tokens + row] = hopper::log_sum_exp(row_max[half], total, scale_log2);
-      }
-    }
-  }
-  o_staging.begin_writes();
-  unsigned char* o_bytes = reinterpret_cast<unsigned char*>(smem.q);
-  for (int d = 0; d < kHeadDim / 8; ++d) {
-    for (int half = 0; half < 2; ++half) {
-      const int row = warp_group * 64 + warp * 16 + lane / 4 + 8 * half;
-      *reinterpret_cast<__half2*>(o_bytes + hopper::swizzled_offset<T::kSwizzle>(row, 8 * d + 2 * quad_lane, T::kBlockM)) =
-          __floats2half2_rn(o_acc[4 * d + 2 * half] * inverse[half],
-                            o_acc[4 * d + 2 * half + 1] * inverse[half]);
-    }
-  }
-  o_staging.fence();  // these ordinary stores are read next by the copy engine
-  o_staging.sync();
-  if (threadIdx.x % 128 == 0) {
-    for (int c = 0; c < T::kColumnBlocks; ++c) {
-      hopper::tma_store(&o_map, smem.q + (c * T::kBlockM + warp_group * 64) * kSwizzleColumns,
-                        c * kSwizzleColumns, row0 + warp_group * 64, head, batch);
-    }
-    o_staging.commit();
-    o_staging.wait();  // shared memory must outlive the copy's reads
-  }
+  // own S = Q K^T read them, all complete), then one thread stores them (hopper/epilogue.cuh).
+  hopper::store_output<T, kWritesLse, /*kMaybeNoKey=*/false>(smem.q, o_staging, o_map, o_acc,
+                                                             row_max, row_sum, row_lse, work, tokens,
+                                                             warp_group, row0 + warp_group * 64,
+                                                             warp, lane, scale_log2);
+  if (threadIdx.x % 128 == 0) o_staging.wait();  // shared memory must outlive the copy's reads
 }
 
 // ---- Launch ---------------------------------------------------------------------------------
@@ -279,8 +238,8 @@ void launch_for(const attn::AttentionArgs& args) {
   const int row_tiles = (args.tokens + T::kBlockM - 1) / T::kBlockM;
   const float scale_log2 = float(M_LOG2E * args.scale);
   kernel<<<unsigned(int64_t(row_tiles) * slices), T::kThreads, kSharedBytes<kHeadDim>, args.stream>>>(
-      maps.q, maps.k, maps.v, maps.o, args.log_sum_exp, args.heads, args.tokens, row_tiles,
-      scale_log2);
+      maps.q, maps.k, maps.v, maps.o, args.log_sum_exp, args.tokens,
+      policies::TileScheduler<T::kBlockM>{row_tiles, args.heads}, scale_log2);
   CUDA_CHECK_LAUNCH();
 }
 

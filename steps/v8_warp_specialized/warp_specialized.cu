@@ -40,14 +40,23 @@
 #include "cuda_check.hpp"
 #include "dispatch.hpp"
 #include "element_type.hpp"
+#include "hopper/epilogue.cuh"
 #include "hopper/hopper.cuh"
 #include "policies/mask.cuh"
+#include "policies/online_softmax.cuh"
+#include "policies/tile_scheduler.cuh"
 #include "step.hpp"
 
 namespace {
 
 using hopper::Buffer;
 using hopper::NamedBarrier;
+using policies::kPaddedScore;
+using policies::WorkTile;
+// The persistent walk over (slice, 128-row tile) work tiles; under the causal mask its rounds
+// alternate direction (policies/tile_scheduler.cuh).
+template <typename T, bool kCausal>
+using Scheduler = policies::PersistentScheduler<T::kBlockM, kCausal>;
 
 // ---- Tile geometry and shared memory --------------------------------------------------------
 
@@ -105,38 +114,10 @@ constexpr uint32_t kSharedBytes = sizeof(SharedStorage<T>) + 1024;
 template <typename T>
 constexpr uint32_t kConsumerWarps = 4 * T::kConsumers;
 
-// Folds kCount values (a power of two) in pairs: ((v0 op v1) op (v2 op v3)) for four, a tree of
-// independent operations rather than one chain. Overwrites `values`.
-template <int kCount, typename Op>
-__device__ __forceinline__ float pairwise(float (&values)[kCount], Op op) {
-  static_assert((kCount & (kCount - 1)) == 0, "a power of two");
-  for (int width = 1; width < kCount; width *= 2) {
-    for (int i = 0; i + width < kCount; i += 2 * width) values[i] = op(values[i], values[i + width]);
-  }
-  return values[0];
-}
-
-// The work tiles of a launch, walked the same way by the producer and the consumers: a slice's
-// row tiles one after the other (neighbours share a slice's K and V), handed out in rounds of
-// one per block. Under a causal mask a row tile near the bottom walks many more K/V tiles than
-// one near the top, and when the row tiles per slice divide the blocks (33 into 132 at N = 4097)
-// a block would take the same row tile every round: the block with the longest would take
-// twice the mean. So every other full round hands its tiles out in reverse, and a block that
-// took a long row tile in one round takes the matching short one in the next (a permutation of
-// the round: every tile is still taken once).
-struct WorkTile {
-  int head, batch, row0;
-};
-template <bool kBalanceRounds = false>
-__device__ __forceinline__ WorkTile work_tile(int index, int row_tiles, int heads, int block_m,
-                                              int work_tiles) {
-  if (kBalanceRounds) {
-    const int blocks = int(gridDim.x), first = index / blocks * blocks;
-    if ((index / blocks) % 2 == 1 && first + blocks <= work_tiles) index = first + blocks - 1 - (index - first);
-  }
-  const int slice = index / row_tiles;
-  return {slice % heads, slice / heads, (index % row_tiles) * block_m};
-}
+// The online softmax (policies/online_softmax.cuh) keeps its maxima and sums in four independent
+// chains: while one consumer's softmax runs, the other's warps mostly wait on their wgmma, so a
+// warp's own instruction-level parallelism decides its speed.
+constexpr int kSoftmaxChains = 4;
 
 // The K/V tiles of a work tile, the same number for the producer and both consumers: those
 // the mask policy says its 128 rows see. Without a causal mask that is all of N_k's for every
@@ -169,8 +150,8 @@ __device__ __forceinline__ void produce(SharedStorage<T, Element>& smem,
                                         hopper::Ring<T::kStages>& k_ring,
                                         hopper::Ring<T::kStages>& v_ring, const CUtensorMap& q_map,
                                         const CUtensorMap& k_map, const CUtensorMap& v_map,
-                                        const policies::Mask<kCausal>& mask, int heads,
-                                        int row_tiles, int work_tiles) {
+                                        const policies::Mask<kCausal>& mask,
+                                        const Scheduler<T, kCausal>& scheduler) {
   constexpr int kTileColumns = T::kTileColumns, kBlockN = T::kBlockN, kStages = T::kStages;
   constexpr int kSwizzleColumns = T::kSwizzleColumns;
   // Rows [kv_tile * kBlockN, ...) of K or V into the buffer of this use of the ring.
@@ -186,8 +167,9 @@ __device__ __forceinline__ void produce(SharedStorage<T, Element>& smem,
   };
   const int whole_kv_tiles = (mask.kv_tokens + kBlockN - 1) / kBlockN;
   int kv_use = 0;
-  for (int index = blockIdx.x, q_use = 0; index < work_tiles; index += gridDim.x, ++q_use) {
-    const WorkTile tile = work_tile<kCausal>(index, row_tiles, heads, T::kBlockM, work_tiles);
+  for (int index = scheduler.first(), q_use = 0; index < scheduler.work_tiles;
+       index = scheduler.next(index), ++q_use) {
+    const WorkTile tile = scheduler.at(index);
     const int kv_tiles = kv_tiles_of<T>(mask, tile, whole_kv_tiles);
     // BEGIN EXERCISE: load the work tile's Q, then K and V of its K/V tiles, last tile first
     q_ring.wait_empty(q_use);
@@ -232,41 +214,6 @@ __device__ __forceinline__ void keep_counts(hopper::Ring<T::kQBuffers>& q_ring,
   }
   q_ring.wait_full(q_use);
   q_ring.release(q_use, lane, groups);
-}
-
-// The online softmax of v6 and v7 on s_acc, in place: the new row maxima and sums, and in
-// `correction` the factor for O, applied once the P V in flight has finished. While it runs,
-// the other consumer's warps mostly wait on their wgmma, so each warp's own instruction-level
-// parallelism decides its speed: the maxima and sums are kept as kChains independent partial
-// results, not one chain in which every instruction waits for the one before.
-template <int kBlockN>
-__device__ __forceinline__ void online_softmax(float (&s_acc)[kBlockN / 2], float (&row_max)[2],
-                                               float (&row_sum)[2], float (&correction)[2],
-                                               float scale_log2) {
-  constexpr int kChains = 4;
-  for (int half = 0; half < 2; ++half) {
-    float maxima[kChains];
-    for (int c = 0; c < kChains; ++c) maxima[c] = row_max[half];
-    for (int i = 0; i < kBlockN / 8; ++i) {
-      maxima[i % kChains] = fmaxf(maxima[i % kChains],
-                                  fmaxf(s_acc[4 * i + 2 * half], s_acc[4 * i + 2 * half + 1]));
-    }
-    float tile_max = pairwise(maxima, [](float a, float b) { return fmaxf(a, b); });
-    tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
-    tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
-    const float max_scaled = tile_max * scale_log2;
-    correction[half] = hopper::fast_exp2(row_max[half] * scale_log2 - max_scaled);  // 0 at first
-    row_max[half] = tile_max;
-    float sums[kChains] = {};
-    for (int i = 0; i < kBlockN / 8; ++i) {
-      for (int e = 2 * half; e < 2 * half + 2; ++e) {
-        s_acc[4 * i + e] = hopper::fast_exp2(fmaf(s_acc[4 * i + e], scale_log2, -max_scaled));
-        sums[i % kChains] += s_acc[4 * i + e];
-      }
-    }
-    row_sum[half] = row_sum[half] * correction[half] +
-                    pairwise(sums, [](float a, float b) { return a + b; });
-  }
 }
 
 // The tensor-core work of a consumer on one K/V visit, issued and committed, not awaited.
@@ -315,20 +262,6 @@ __device__ __forceinline__ void pack_probabilities(uint32_t (&p_fragments)[T::kK
     p_fragments[step][3] = hopper::pack_pair<Element>(s_acc[8 * step + 6], s_acc[8 * step + 7]);
   }
 }
-// O shrinks by each row's correction when its maximum grows (the online softmax).
-template <typename T>
-__device__ __forceinline__ void rescale_output(float (&o_acc)[T::kTileColumns / 2], const float (&correction)[2]) {
-  for (int half = 0; half < 2; ++half) {
-    for (int d = 0; d < T::kTileColumns / 8; ++d) {
-      o_acc[4 * d + 2 * half] *= correction[half];
-      o_acc[4 * d + 2 * half + 1] *= correction[half];
-    }
-  }
-}
-
-// The score a masked key gets: below any real score, and exact times the scale (a power of two).
-constexpr float kPaddedScore = -0x1p100f;
-
 // The element masks of a consumer thread's S accumulators (its warp's 16 rows of a K/V tile, in
 // wgmma's layout: element e of 8-key block i is key 8 i + 2 quad_lane + e % 2 of the tile, row
 // lane / 4 + 8 (e / 2) of the warp's 16). Keys past N_k, keys the key-padding mask marks
@@ -420,59 +353,6 @@ struct ScoreMasks {
   }
 };
 
-// The epilogue of a work tile, one consumer's 64 rows: normalise O and stage it (once the
-// previous tile's store has read the staging buffer), then one thread stores it; the store runs
-// on while the next tile starts. Rows past N are dropped by the store. L, when asked for, is one
-// float per row: the quad's first lane writes it. kMaybeNoKey: a mask may have left a row no key.
-template <typename T, bool kWritesLse, bool kMaybeNoKey, typename Element>
-__device__ __forceinline__ void store_output(Element* o_tile, hopper::StagingBuffer& o_staging,
-                                             const CUtensorMap& o_map,
-                                             const float (&o_acc)[T::kTileColumns / 2],
-                                             const float (&row_max)[2], const float (&row_sum)[2],
-                                             float* __restrict__ row_lse, const WorkTile& tile,
-                                             int heads, int tokens, int consumer, int my_row0,
-                                             int warp, int lane, float scale_log2) {
-  const int quad_lane = lane % 4, thread_in_group = threadIdx.x % 128;
-  float inverse[2];
-  for (int half = 0; half < 2; ++half) {
-    float total = row_sum[half];
-    total += __shfl_xor_sync(0xffffffffu, total, 1);
-    total += __shfl_xor_sync(0xffffffffu, total, 2);
-    // A row whose keys were all padding or past its diagonal: O = 0, L = -inf (the reference's
-    // definition).
-    const bool no_key = kMaybeNoKey && row_max[half] == kPaddedScore;
-    inverse[half] = no_key ? 0.0f : 1.0f / total;
-    if constexpr (kWritesLse) {
-      const int row = my_row0 + warp * 16 + lane / 4 + 8 * half;
-      if (quad_lane == 0 && row < tokens) {
-        row_lse[(int64_t(tile.batch) * heads + tile.head) * tokens + row] =
-            no_key ? -INFINITY : hopper::log_sum_exp(row_max[half], total, scale_log2);
-      }
-    }
-  }
-  if (thread_in_group == 0) o_staging.wait_read();
-  o_staging.sync();
-  o_staging.begin_writes();
-  unsigned char* o_bytes = reinterpret_cast<unsigned char*>(o_tile);
-  for (int d = 0; d < T::kTileColumns / 8; ++d) {
-    for (int half = 0; half < 2; ++half) {
-      const int row = consumer * 64 + warp * 16 + lane / 4 + 8 * half;
-      *reinterpret_cast<uint32_t*>(o_bytes + hopper::swizzled_offset<T::kSwizzle>(row, 8 * d + 2 * quad_lane, T::kBlockM)) =
-          hopper::pack_pair<Element>(o_acc[4 * d + 2 * half] * inverse[half],
-                                     o_acc[4 * d + 2 * half + 1] * inverse[half]);
-    }
-  }
-  o_staging.fence();  // these ordinary stores are read next by the copy engine
-  o_staging.sync();
-  if (thread_in_group == 0) {
-    for (int c = 0; c < T::kColumnBlocks; ++c) {
-      hopper::tma_store(&o_map, o_tile + (c * T::kBlockM + consumer * 64) * T::kSwizzleColumns,
-                        c * T::kSwizzleColumns, my_row0, tile.head, tile.batch);
-    }
-    o_staging.commit();
-  }
-}
-
 // ---- The kernel -----------------------------------------------------------------------------
 
 // A thread of consumer c holds two rows of c's 64 (ptx.cuh gives the accumulator layout):
@@ -489,9 +369,9 @@ __global__ void __launch_bounds__(T::kThreads, 1)
                                       const __grid_constant__ CUtensorMap v_map,
                                       const __grid_constant__ CUtensorMap o_map,
                                       float* __restrict__ row_lse,
-                                      const uint8_t* __restrict__ key_padding, int heads,
-                                      int tokens, const policies::Mask<kCausal> mask,
-                                      int row_tiles, int work_tiles, float scale_log2) {
+                                      const uint8_t* __restrict__ key_padding, int tokens,
+                                      const policies::Mask<kCausal> mask,
+                                      const Scheduler<T, kCausal> scheduler, float scale_log2) {
   constexpr int kTileColumns = T::kTileColumns, kBlockN = T::kBlockN, kStages = T::kStages;
   constexpr int kSwizzleColumns = T::kSwizzleColumns;
   extern __shared__ unsigned char shared_raw[];
@@ -518,8 +398,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     // ---------------- Producer: one thread issues every copy ----------------
     hopper::release_registers<T::kProducerRegisters>();
     if (warp != 0 || lane != 0) return;
-    produce<T, Element>(smem, q_ring, k_ring, v_ring, q_map, k_map, v_map, mask, heads, row_tiles,
-                        work_tiles);
+    produce<T, Element>(smem, q_ring, k_ring, v_ring, q_map, k_map, v_map, mask, scheduler);
     return;
   }
 
@@ -534,8 +413,9 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   if (consumer == 1) turns.hand_over_first_turn();
 
   int kv_use = 0;
-  for (int index = blockIdx.x, q_use = 0; index < work_tiles; index += gridDim.x, ++q_use) {
-    const WorkTile tile = work_tile<kCausal>(index, row_tiles, heads, T::kBlockM, work_tiles);
+  for (int index = scheduler.first(), q_use = 0; index < scheduler.work_tiles;
+       index = scheduler.next(index), ++q_use) {
+    const WorkTile tile = scheduler.at(index);
     const int my_row0 = tile.row0 + consumer * 64;
     const int kv_tiles = kv_tiles_of<T>(mask, tile, whole_kv_tiles);
 
@@ -590,7 +470,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       }
       masks.mask_padding(s_acc, masks.vote_padding(fetched, kv_tiles - 1));
       if (kv_tiles > 1) fetched = masks.fetch_padding(kv_tiles - 2);
-      online_softmax<kBlockN>(s_acc, row_max, row_sum, correction, scale_log2);  // O is still zero
+      policies::online_softmax<kBlockN, kSoftmaxChains>(s_acc, row_max, row_sum, correction, scale_log2);  // O is still zero
       pack_probabilities<T, Element>(p_fragments, s_acc);
 
       // Every other visit, to full tiles: its S = Q K^T and the previous visit's P V go to the
@@ -609,10 +489,10 @@ __global__ void __launch_bounds__(T::kThreads, 1)
         if (kCausal && i < partial_visits) masks.mask_causal(s_acc, kv_tiles - 1 - i);
         masks.mask_padding(s_acc, masks.vote_padding(fetched, kv_tiles - 1 - i));
         if (i + 1 < kv_tiles) fetched = masks.fetch_padding(kv_tiles - 2 - i);
-        online_softmax<kBlockN>(s_acc, row_max, row_sum, correction, scale_log2);
+        policies::online_softmax<kBlockN, kSoftmaxChains>(s_acc, row_max, row_sum, correction, scale_log2);
         await_output<T>(groups, o_acc, p_fragments);  // now the V buffer is free, and O and P may change
         v_ring.release(kv_use + i - 1, lane, groups);
-        rescale_output<T>(o_acc, correction);
+        policies::rescale_rows<kTileColumns>(o_acc, correction);
         pack_probabilities<T, Element>(p_fragments, s_acc);
       }
       q_ring.release(q_use, lane, groups);  // every S = Q K^T of this work tile is complete
@@ -623,9 +503,9 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     }
     kv_use += kv_tiles;
 
-    store_output<T, kWritesLse, kMasked || kCausal>(smem.o, o_staging, o_map, o_acc, row_max, row_sum,
-                                                   row_lse, tile, heads, tokens, consumer, my_row0,
-                                                   warp, lane, scale_log2);
+    hopper::store_output<T, kWritesLse, kMasked || kCausal>(smem.o, o_staging, o_map, o_acc, row_max,
+                                                           row_sum, row_lse, tile, tokens, consumer,
+                                                           my_row0, warp, lane, scale_log2);
   }
   if (consumer == 0) turns.wait_for_turn();  // the turn consumer 1 passed last: every arrival is met
   if (thread_in_group == 0) o_staging.wait();  // shared memory must outlive the stores
@@ -657,9 +537,9 @@ void launch_for(const attn::AttentionArgs& args) {
         CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                         int(kSharedBytes<T>)));
         kernel<<<blocks, T::kThreads, kSharedBytes<T>, args.stream>>>(
-            maps.q, maps.k, maps.v, maps.o, args.log_sum_exp, args.key_padding_mask, args.heads,
-            args.tokens, policies::Mask<kCausal>{args.kv_tokens, diagonal}, row_tiles,
-            int(work_tiles), scale_log2);
+            maps.q, maps.k, maps.v, maps.o, args.log_sum_exp, args.key_padding_mask, args.tokens,
+            policies::Mask<kCausal>{args.kv_tokens, diagonal},
+            Scheduler<T, kCausal>{{row_tiles, args.heads}, int(work_tiles)}, scale_log2);
       },
       args.log_sum_exp != nullptr, args.key_padding_mask != nullptr,
       args.causal != attn::Causal::none);

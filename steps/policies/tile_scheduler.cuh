@@ -1,0 +1,66 @@
+// Which tile of which (batch, head) slice a block works on: the tile scheduler.
+//
+// A launch's work is slices x tiles: the query-row tiles of a forward (v7, v8), the K/V tiles of
+// a backward block (v10). Work tile `index` is tile index % tiles of slice index / tiles, so
+// consecutive indices are neighbouring tiles of one slice, which read the same K and V (or Q and
+// dO) and find them in L2.
+//
+// Two ways to hand the indices out:
+//   - one block per work tile (v7, v10): block b takes work tile b (this_block());
+//   - persistent blocks (v8): one block per SM walks work tiles blockIdx.x, + gridDim.x, ...,
+//     so a block's next tile is loaded while it finishes the current one. Every role of the
+//     block walks the same sequence, so they agree on it without talking.
+//
+// Under a causal mask a row tile near the bottom walks many more K/V tiles than one near the
+// top, and when the tiles per slice divide the blocks (33 into 132 at N = 4097) a persistent
+// block would take the same row tile every round: the block with the longest would take twice
+// the mean. So with kBalanceRounds every other full round hands its tiles out in reverse, and a
+// block that took a long row tile in one round takes the matching short one in the next (a
+// permutation of the round: every tile is still taken once).
+#pragma once
+
+namespace policies {
+
+struct WorkTile {
+  int slice;       // b H + h
+  int head, batch;
+  int tile;        // which tile of the slice
+  int row0;        // its first row (of queries in a forward, of keys in a backward block)
+};
+
+// kRowsPerTile: the rows of a tile (query rows in a forward, keys in a backward block).
+template <int kRowsPerTile>
+struct TileScheduler {
+  int tiles_per_slice;  // row tiles (or K/V tiles) of one slice
+  int heads;
+
+  __host__ __device__ __forceinline__ WorkTile at(int index) const {
+    const int slice = index / tiles_per_slice, tile = index % tiles_per_slice;
+    return {slice, slice % heads, slice / heads, tile, tile * kRowsPerTile};
+  }
+  // One block per work tile (v7, v10): this block's.
+  __device__ __forceinline__ WorkTile this_block() const {
+    const int slice = blockIdx.x / unsigned(tiles_per_slice), tile = blockIdx.x % unsigned(tiles_per_slice);
+    return {slice, slice % heads, slice / heads, tile, tile * kRowsPerTile};
+  }
+};
+
+// The persistent walk: for (int index = first(); index < work_tiles; index = next(index)),
+// the work tile at(index).
+template <int kRowsPerTile, bool kBalanceRounds = false>
+struct PersistentScheduler : TileScheduler<kRowsPerTile> {
+  int work_tiles;
+
+  __device__ __forceinline__ int first() const { return int(blockIdx.x); }
+  __device__ __forceinline__ int next(int index) const { return index + int(gridDim.x); }
+  __device__ __forceinline__ WorkTile at(int index) const {
+    if (kBalanceRounds) {
+      const int blocks = int(gridDim.x), round_start = index / blocks * blocks;
+      const bool whole_round = round_start + blocks <= work_tiles;  // the last may be partial
+      if ((index / blocks) % 2 == 1 && whole_round) index = round_start + blocks - 1 - (index - round_start);
+    }
+    return TileScheduler<kRowsPerTile>::at(index);
+  }
+};
+
+}  // namespace policies
