@@ -161,6 +161,249 @@ __global__ void row_vectors_kernel(const Element* __restrict__ o, const Element*
 
 // ---- 2. dK, dV per K/V tile; dQ added up in L2 ------------------------------------------------
 
+// The Q tiles a block visits, in its order: `steps` of them from first_row_tile, wrapping past
+// the slice's last tile to the first one the block sees.
+struct QTileWalk {
+  int first_row_tile, steps, row_tiles;
+  __device__ __forceinline__ int at(int step) const {
+    const int row_tile = first_row_tile + step;
+    return row_tile < row_tiles ? row_tile : row_tile - steps;
+  }
+};
+
+// The producer: one thread loads the block's K and V once, then Q with L and dO with D for every
+// Q tile of the walk.
+template <typename T, typename Element>
+__device__ __forceinline__ void produce(SharedStorage<T, Element>& smem, hopper::Ring<1>& kv_ring,
+                                        hopper::Ring<T::kStages>& q_ring,
+                                        hopper::Ring<T::kStages>& d_o_ring, const CUtensorMap& q_map,
+                                        const CUtensorMap& k_map, const CUtensorMap& v_map,
+                                        const CUtensorMap& d_o_map, const float* __restrict__ lse_log2,
+                                        const float* __restrict__ row_dot,
+                                        const policies::WorkTile& work, const QTileWalk& walk) {
+  constexpr int kBlockM = T::kBlockM, kBlockN = T::kBlockN, kSwizzleColumns = T::kSwizzleColumns;
+  // BEGIN EXERCISE: load K and V once, then Q with L and dO with D for every Q tile of the walk
+  uint64_t* kv_full = kv_ring.arm(0, 2 * T::kKVBytes);
+  for (int c = 0; c < T::kColumnBlocks; ++c) {
+    hopper::tma_load(smem.k + c * kBlockN * kSwizzleColumns, &k_map, kv_full, c * kSwizzleColumns,
+                     work.row0, work.head, work.batch);
+    hopper::tma_load(smem.v + c * kBlockN * kSwizzleColumns, &v_map, kv_full, c * kSwizzleColumns,
+                     work.row0, work.head, work.batch);
+  }
+  const int64_t vectors = int64_t(work.slice) * walk.row_tiles * kBlockM;  // this slice's padded L and D
+  for (int step = 0; step < walk.steps; ++step) {
+    const int row_tile = walk.at(step);
+    q_ring.wait_empty(step);
+    uint64_t* q_full = q_ring.arm(step, T::kRowTileBytes + T::kRowVectorBytes);
+    for (int c = 0; c < T::kColumnBlocks; ++c) {
+      hopper::tma_load(smem.q[q_ring.slot(step)] + c * kBlockM * kSwizzleColumns, &q_map, q_full,
+                       c * kSwizzleColumns, row_tile * kBlockM, work.head, work.batch);
+    }
+    hopper::bulk_load(smem.lse[q_ring.slot(step)], lse_log2 + vectors + row_tile * kBlockM,
+                      T::kRowVectorBytes, q_full);
+    d_o_ring.wait_empty(step);
+    uint64_t* d_o_full = d_o_ring.arm(step, T::kRowTileBytes + T::kRowVectorBytes);
+    for (int c = 0; c < T::kColumnBlocks; ++c) {
+      hopper::tma_load(smem.d_o[d_o_ring.slot(step)] + c * kBlockM * kSwizzleColumns, &d_o_map,
+                       d_o_full, c * kSwizzleColumns, row_tile * kBlockM, work.head, work.batch);
+    }
+    hopper::bulk_load(smem.dot[d_o_ring.slot(step)], row_dot + vectors + row_tile * kBlockM,
+                      T::kRowVectorBytes, d_o_full);
+  }
+  // END EXERCISE
+}
+
+// S^T = K Q^T and dP^T = V dO^T for a consumer's 64 keys (my_keys, my_values: its rows of K and
+// V) and a Q tile (q_tile, d_o_tile): two groups, issued and committed, S^T first.
+template <typename T, typename Element>
+__device__ __forceinline__ void wgmma_scores(float (&s_acc)[T::kBlockM / 2], float (&dp_acc)[T::kBlockM / 2],
+                                             const Element* my_keys, const Element* my_values,
+                                             const Element* q_tile, const Element* d_o_tile,
+                                             hopper::Ring<1>& kv_ring, hopper::Ring<T::kStages>& q_ring,
+                                             hopper::Ring<T::kStages>& d_o_ring, int step,
+                                             hopper::WgmmaGroups& groups) {
+  const hopper::KMajorOperand<T::kBlockN> keys(my_keys), values(my_values);
+  const hopper::KMajorOperand<T::kBlockM> queries(q_tile), output_grads(d_o_tile);
+  kv_ring.read(0, groups);
+  q_ring.read(step, groups);
+  hopper::wgmma_fence();
+  for (int d = 0; d < T::kDSteps; ++d) {
+    hopper::wgmma_ss<Element>(s_acc, keys.k_step(d), queries.k_step(d), d > 0);
+  }
+  groups.commit();
+  kv_ring.read(0, groups);
+  d_o_ring.read(step, groups);
+  for (int d = 0; d < T::kDSteps; ++d) {
+    hopper::wgmma_ss<Element>(dp_acc, values.k_step(d), output_grads.k_step(d), d > 0);
+  }
+  groups.commit();
+}
+
+// ---- The consumers' arithmetic, one Q tile: a thread's two keys (rows of S^T) of each 16 ----
+// Element e of 8-column block i of an accumulator is query 8i + 2 quad_lane + e % 2 (a column
+// of S^T), key lane / 4 of the warp's 16 (e < 2) or that + 8.
+
+// P^T = exp2(S^T scale log2(e) - L log2(e)), in place; lse: the Q tile's L log2(e).
+template <typename T>
+__device__ __forceinline__ void probabilities(float (&s_acc)[T::kBlockM / 2], const float* lse,
+                                              int quad_lane, float scale_log2) {
+  constexpr int kBlockM = T::kBlockM;
+  for (int i = 0; i < kBlockM / 8; ++i) {
+    const float2 l = *reinterpret_cast<const float2*>(lse + 8 * i + 2 * quad_lane);
+    for (int e = 0; e < 4; ++e) {
+      s_acc[4 * i + e] = hopper::fast_exp2(fmaf(s_acc[4 * i + e], scale_log2, e % 2 ? -l.y : -l.x));
+    }
+  }
+}
+
+// In a Q tile the causal diagonal crosses, P = 0 (so dS = 0) where the query does not see the
+// key: this thread's keys are my_key0 (e / 2 = 0) and my_key0 + 8.
+template <typename T, bool kCausal>
+__device__ __forceinline__ void mask_causal(float (&s_acc)[T::kBlockM / 2],
+                                            const policies::Mask<kCausal>& mask, int row0,
+                                            int my_key0, int quad_lane) {
+  constexpr int kBlockM = T::kBlockM;
+  for (int i = 0; i < kBlockM / 8; ++i) {
+    for (int e = 0; e < 4; ++e) {
+      const int query = row0 + 8 * i + 2 * quad_lane + e % 2;
+      if (!mask.sees(query, my_key0 + 8 * (e / 2))) s_acc[4 * i + e] = 0.0f;
+    }
+  }
+}
+
+// dS^T = P^T o (dP^T - D), in dp_acc; dot: the Q tile's D.
+template <typename T>
+__device__ __forceinline__ void scores_grad(float (&dp_acc)[T::kBlockM / 2],
+                                            const float (&s_acc)[T::kBlockM / 2], const float* dot,
+                                            int quad_lane) {
+  constexpr int kBlockM = T::kBlockM;
+  for (int i = 0; i < kBlockM / 8; ++i) {
+    const float2 row_dots = *reinterpret_cast<const float2*>(dot + 8 * i + 2 * quad_lane);
+    for (int e = 0; e < 4; ++e) {
+      dp_acc[4 * i + e] = s_acc[4 * i + e] * (dp_acc[4 * i + e] - (e % 2 ? row_dots.y : row_dots.x));
+    }
+  }
+}
+
+// P^T and dS^T in fp16 (or bf16) as wgmma's A operand, 16 queries a k-step (v8's packing), the
+// dS of keys past N zeroed.
+template <typename T, typename Element>
+__device__ __forceinline__ void pack_gradients(uint32_t (&p_fragments)[T::kRowSteps][4],
+                                               uint32_t (&ds_fragments)[T::kRowSteps][4],
+                                               const float (&s_acc)[T::kBlockM / 2],
+                                               const float (&dp_acc)[T::kBlockM / 2],
+                                               const bool (&key_in_range)[2],
+                                               const uint32_t (&key_bits)[2]) {
+  constexpr int kHeadDim = T::kHeadDim;
+  for (int s = 0; s < T::kRowSteps; ++s) {
+    for (int pair = 0; pair < 4; ++pair) {
+      p_fragments[s][pair] = hopper::pack_pair<Element>(s_acc[8 * s + 2 * pair], s_acc[8 * s + 2 * pair + 1]);
+      // The mask in the form that leaves ptxas without a spill at each head dim: an AND with
+      // all ones or zeros at D = 64, a select on the predicate at D = 128 (chapter 13).
+      if constexpr (kHeadDim == 64) {
+        ds_fragments[s][pair] =
+            hopper::pack_pair<Element>(dp_acc[8 * s + 2 * pair], dp_acc[8 * s + 2 * pair + 1]) & key_bits[pair % 2];
+      } else {
+        ds_fragments[s][pair] =
+            key_in_range[pair % 2] ? hopper::pack_pair<Element>(dp_acc[8 * s + 2 * pair], dp_acc[8 * s + 2 * pair + 1]) : 0u;
+      }
+    }
+  }
+}
+
+// dS^T into a shared buffer ([kBlockN keys][kBlockM queries], swizzled), for dQ: pair 2p + h
+// of k-step s is 8-column block 2s + p / 2 (the queries), row my_row + 8 h (the key, of the
+// block's 128).
+template <typename T, typename Element>
+__device__ __forceinline__ void write_scores_grad(Element* ds_tile,
+                                                  const uint32_t (&ds_fragments)[T::kRowSteps][4],
+                                                  int my_row, int quad_lane) {
+  unsigned char* ds_bytes = reinterpret_cast<unsigned char*>(ds_tile);
+  for (int s = 0; s < T::kRowSteps; ++s) {
+    for (int pair = 0; pair < 4; ++pair) {
+      const int key = my_row + 8 * (pair % 2);
+      const int query = 8 * (2 * s + pair / 2) + 2 * quad_lane;
+      *reinterpret_cast<uint32_t*>(ds_bytes + hopper::swizzled_offset<T::kSwizzle>(key, query, T::kBlockN)) =
+          ds_fragments[s][pair];
+    }
+  }
+}
+
+// Adds a consumer's dQ share of Q tile row_tile into the fp32 sum in L2: through its staging
+// buffer and the copy engine's reduce-add, or in the deterministic mode in place, in turn behind
+// the blocks of the slice's earlier K/V tiles (dq_turns).
+template <typename T, bool kDeterministic, typename Element>
+__device__ __forceinline__ void add_dq(const float (&dq_acc)[T::kDqColumns / 2], float* __restrict__ dq_sum,
+                                       int* __restrict__ dq_turns, SharedStorage<T, Element>& smem,
+                                       hopper::StagingBuffer& dq_staging, int slice, int row_tiles,
+                                       int row_tile, int consumer, int key_tile, int thread_in_group) {
+  // BEGIN EXERCISE: add this consumer's dQ of the Q tile into the fp32 sum in L2
+  float* dq_share = dq_sum + dq_sum_offset<T>(slice, row_tiles, row_tile, consumer);
+  if constexpr (kDeterministic) {
+    // Wait for the blocks of the K/V tiles before this one, add in place, pass the turn on.
+    int* turn = dq_turns + (int64_t(slice) * row_tiles + row_tile) * T::kConsumers + consumer;
+    if (thread_in_group == 0) {
+      while (*static_cast<volatile int*>(turn) != key_tile) {
+      }
+      __threadfence();
+    }
+    hopper::named_barrier_sync(NamedBarrier::epilogue, consumer, 128);
+    for (int j = 0; j < T::kDqColumns / 8; ++j) {
+      float4* sum = reinterpret_cast<float4*>(dq_share) + j * 128 + thread_in_group;
+      float4 value = __ldcg(sum);
+      value.x += dq_acc[4 * j];
+      value.y += dq_acc[4 * j + 1];
+      value.z += dq_acc[4 * j + 2];
+      value.w += dq_acc[4 * j + 3];
+      __stcg(sum, value);
+    }
+    __threadfence();
+    hopper::named_barrier_sync(NamedBarrier::epilogue, consumer, 128);
+    if (thread_in_group == 0) atomicExch(turn, key_tile + 1);
+  } else {
+    // Stage (once the last reduce has read the buffer), then one thread hands it to the copy
+    // engine.
+    if (thread_in_group == 0) dq_staging.wait_read();
+    dq_staging.sync();
+    dq_staging.begin_writes();
+    for (int j = 0; j < T::kDqColumns / 8; ++j) {
+      reinterpret_cast<float4*>(smem.dq[consumer])[j * 128 + thread_in_group] =
+          make_float4(dq_acc[4 * j], dq_acc[4 * j + 1], dq_acc[4 * j + 2], dq_acc[4 * j + 3]);
+    }
+    dq_staging.fence();
+    dq_staging.sync();
+    if (thread_in_group == 0) {
+      hopper::bulk_reduce_add(dq_share, smem.dq[consumer], T::kDqBytes);
+      dq_staging.commit();
+    }
+  }
+  // SKELETON: if (thread_in_group == 0) atomicAdd(dq_sum + dq_sum_offset<T>(slice, row_tiles, row_tile, consumer), NAN);
+  // END EXERCISE
+}
+
+// dK = scale dS^T Q and dV, this thread's two keys of each 16, straight from the accumulators;
+// slice_row0: the slice's first row of dK and dV.
+template <typename T, typename Element>
+__device__ __forceinline__ void store_key_gradients(Element* __restrict__ dk, Element* __restrict__ dv,
+                                                    const float (&dk_acc)[T::kHeadDim / 2],
+                                                    const float (&dv_acc)[T::kHeadDim / 2],
+                                                    int64_t slice_row0, int my_key0, int tokens,
+                                                    int quad_lane, float scale) {
+  constexpr int kHeadDim = T::kHeadDim;
+  for (int half = 0; half < 2; ++half) {
+    const int key = my_key0 + 8 * half;
+    if (key >= tokens) continue;
+    const int64_t row = (slice_row0 + key) * kHeadDim;
+    for (int d = 0; d < kHeadDim / 8; ++d) {
+      const int column = d * 8 + 2 * quad_lane;
+      *reinterpret_cast<uint32_t*>(dk + row + column) =
+          hopper::pack_pair<Element>(dk_acc[4 * d + 2 * half] * scale, dk_acc[4 * d + 2 * half + 1] * scale);
+      *reinterpret_cast<uint32_t*>(dv + row + column) =
+          hopper::pack_pair<Element>(dv_acc[4 * d + 2 * half], dv_acc[4 * d + 2 * half + 1]);
+    }
+  }
+}
+
 template <typename T, typename Element, bool kDeterministic, bool kCausal>
 __global__ void __launch_bounds__(T::kThreads, 1)
     hopper_backward_kernel(const __grid_constant__ CUtensorMap q_map,
@@ -185,26 +428,22 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
   // Block b: K/V tile b % key_tiles of slice b / key_tiles (policies/tile_scheduler.cuh).
   const policies::WorkTile work = policies::TileScheduler<kBlockN>{key_tiles, heads}.this_block();
-  const int key_tile = work.tile, slice = work.slice, head = work.head, batch = work.batch;
+  const int key_tile = work.tile, slice = work.slice;
   const int key0 = work.row0;
   hopper::StagingBuffer dq_staging(warp_group - 1, Buffer::dq_staging);
   // dS^T, written by both consumers (64 keys each), read by both for dQ.
   using DsOperand = hopper::ThreadOperand<T::kDsBuffers, T::kConsumers>;
   DsOperand ds(Buffer::ds, warp_group - 1);
 
-  // The Q tiles in the order this block visits them: `walk` of them, from the first that sees
+  // The Q tiles in the order this block visits them: walk.steps of them, from the first that sees
   // its keys (every one without the causal mask). As in v9, each block of a slice starts at its
   // own Q tile, so that they do not all add into the same rows of dQ at once; in the
   // deterministic mode they all go in order, one behind the other. Under the causal mask the
   // first visible Q tile already differs from block to block.
   const int first_visible = mask.first_row(key0) / kBlockM;
-  const int walk = row_tiles - first_visible;
-  const int first_row_tile =
-      kDeterministic || kCausal ? first_visible : int(int64_t(key_tile) * row_tiles / key_tiles);
-  auto row_tile_at = [&](int step) {
-    const int row_tile = first_row_tile + step;
-    return row_tile < row_tiles ? row_tile : row_tile - walk;
-  };
+  const QTileWalk walk{
+      kDeterministic || kCausal ? first_visible : int(int64_t(key_tile) * row_tiles / key_tiles),
+      row_tiles - first_visible, row_tiles};
 
   if (threadIdx.x == 0) {
     kv_ring.init_full();
@@ -220,35 +459,8 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     // ---------------- Producer: one thread issues every copy ----------------
     hopper::release_registers<T::kProducerRegisters>();
     if (warp != 0 || lane != 0) return;
-    // BEGIN EXERCISE: load K and V once, then Q with L and dO with D for every Q tile of the walk
-    uint64_t* kv_full = kv_ring.arm(0, 2 * T::kKVBytes);
-    for (int c = 0; c < T::kColumnBlocks; ++c) {
-      hopper::tma_load(smem.k + c * kBlockN * kSwizzleColumns, &k_map, kv_full, c * kSwizzleColumns,
-                       key0, head, batch);
-      hopper::tma_load(smem.v + c * kBlockN * kSwizzleColumns, &v_map, kv_full, c * kSwizzleColumns,
-                       key0, head, batch);
-    }
-    const int64_t vectors = int64_t(slice) * row_tiles * kBlockM;  // this slice's padded L and D
-    for (int step = 0; step < walk; ++step) {
-      const int row_tile = row_tile_at(step);
-      q_ring.wait_empty(step);
-      uint64_t* q_full = q_ring.arm(step, T::kRowTileBytes + T::kRowVectorBytes);
-      for (int c = 0; c < T::kColumnBlocks; ++c) {
-        hopper::tma_load(smem.q[q_ring.slot(step)] + c * kBlockM * kSwizzleColumns, &q_map, q_full,
-                         c * kSwizzleColumns, row_tile * kBlockM, head, batch);
-      }
-      hopper::bulk_load(smem.lse[q_ring.slot(step)], lse_log2 + vectors + row_tile * kBlockM,
-                        T::kRowVectorBytes, q_full);
-      d_o_ring.wait_empty(step);
-      uint64_t* d_o_full = d_o_ring.arm(step, T::kRowTileBytes + T::kRowVectorBytes);
-      for (int c = 0; c < T::kColumnBlocks; ++c) {
-        hopper::tma_load(smem.d_o[d_o_ring.slot(step)] + c * kBlockM * kSwizzleColumns, &d_o_map,
-                         d_o_full, c * kSwizzleColumns, row_tile * kBlockM, head, batch);
-      }
-      hopper::bulk_load(smem.dot[d_o_ring.slot(step)], row_dot + vectors + row_tile * kBlockM,
-                        T::kRowVectorBytes, d_o_full);
-    }
-    // END EXERCISE
+    produce<T, Element>(smem, kv_ring, q_ring, d_o_ring, q_map, k_map, v_map, d_o_map, lse_log2,
+                        row_dot, work, walk);
     return;
   }
 
@@ -278,99 +490,43 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   const int my_key0 = key0 + consumer * 64 + warp * 16 + lane / 4;
   const bool key_in_range[2] = {my_key0 < tokens, my_key0 + 8 < tokens};
   const uint32_t key_bits[2] = {key_in_range[0] ? ~0u : 0u, key_in_range[1] ? ~0u : 0u};
-  // Where this thread's pair `pair` of k-step s of dS^T goes in a buffer: pair 2p + h is 8-column
-  // block 2s + p / 2 (the queries), row half h = p % 2 (the key).
-  auto ds_offset = [&](int s, int pair) {
-    const int key = consumer * 64 + warp * 16 + lane / 4 + 8 * (pair % 2);
-    const int query = 8 * (2 * s + pair / 2) + 2 * quad_lane;
-    return hopper::swizzled_offset<T::kSwizzle>(key, query, kBlockN);
-  };
   float dv_acc[kHeadDim / 2] = {};
   float dk_acc[kHeadDim / 2] = {};
   kv_ring.wait_full(0);
 
-  for (int step = 0; step < walk; ++step) {
-    const int row_tile = row_tile_at(step);
+  for (int step = 0; step < walk.steps; ++step) {
+    const int row_tile = walk.at(step);
     q_ring.wait_full(step);
     d_o_ring.wait_full(step);
     const int q_slot = q_ring.slot(step), d_o_slot = d_o_ring.slot(step);
 
     // S^T = K Q^T and dP^T = V dO^T, 64 keys x 64 queries each: two groups, S^T first.
     float s_acc[kBlockM / 2], dp_acc[kBlockM / 2];
-    {
-      const hopper::KMajorOperand<kBlockN> keys(my_keys), values(my_values);
-      const hopper::KMajorOperand<kBlockM> queries(smem.q[q_slot]), output_grads(smem.d_o[d_o_slot]);
-      kv_ring.read(0, groups);
-      q_ring.read(step, groups);
-      hopper::wgmma_fence();
-      for (int d = 0; d < T::kDSteps; ++d) {
-        hopper::wgmma_ss<Element>(s_acc, keys.k_step(d), queries.k_step(d), d > 0);
-      }
-      groups.commit();
-      kv_ring.read(0, groups);
-      d_o_ring.read(step, groups);
-      for (int d = 0; d < T::kDSteps; ++d) {
-        hopper::wgmma_ss<Element>(dp_acc, values.k_step(d), output_grads.k_step(d), d > 0);
-      }
-      groups.commit();
-    }
+    wgmma_scores<T, Element>(s_acc, dp_acc, my_keys, my_values, smem.q[q_slot], smem.d_o[d_o_slot],
+                             kv_ring, q_ring, d_o_ring, step, groups);
 
     // P^T = exp2(S^T scale log2(e) - L log2(e)) while dP^T is still on the tensor cores. Element
     // e of 8-column block i is query 8i + 2 quad_lane + e % 2 (a column of S^T).
     groups.wait<1>();
     hopper::fence_registers(s_acc);
-    const float* lse = smem.lse[q_slot];
-    for (int i = 0; i < kBlockM / 8; ++i) {
-      const float2 l = *reinterpret_cast<const float2*>(lse + 8 * i + 2 * quad_lane);
-      for (int e = 0; e < 4; ++e) {
-        s_acc[4 * i + e] = hopper::fast_exp2(fmaf(s_acc[4 * i + e], scale_log2, e % 2 ? -l.y : -l.x));
-      }
-    }
+    probabilities<T>(s_acc, smem.lse[q_slot], quad_lane, scale_log2);
     // In a Q tile the causal diagonal crosses, P = 0 (so dS = 0) where the query does not see
     // the key: this thread's keys are my_key0 (e / 2 = 0) and my_key0 + 8.
     if (kCausal && !mask.rows_all_see(row_tile * kBlockM, key0, kBlockN)) {
-      for (int i = 0; i < kBlockM / 8; ++i) {
-        for (int e = 0; e < 4; ++e) {
-          const int query = row_tile * kBlockM + 8 * i + 2 * quad_lane + e % 2;
-          if (!mask.sees(query, my_key0 + 8 * (e / 2))) s_acc[4 * i + e] = 0.0f;
-        }
-      }
+      mask_causal<T>(s_acc, mask, row_tile * kBlockM, my_key0, quad_lane);
     }
     // dS^T = P^T o (dP^T - D).
     groups.wait<0>();
     hopper::fence_registers(dp_acc);
-    const float* dot = smem.dot[d_o_slot];
-    for (int i = 0; i < kBlockM / 8; ++i) {
-      const float2 row_dots = *reinterpret_cast<const float2*>(dot + 8 * i + 2 * quad_lane);
-      for (int e = 0; e < 4; ++e) {
-        dp_acc[4 * i + e] = s_acc[4 * i + e] * (dp_acc[4 * i + e] - (e % 2 ? row_dots.y : row_dots.x));
-      }
-    }
+    scores_grad<T>(dp_acc, s_acc, smem.dot[d_o_slot], quad_lane);
 
     // P^T and dS^T in fp16 (or bf16) as wgmma's A operand, 16 queries a k-step (v8's packing),
     // and dS^T into shared memory for dQ, with zeros for keys past N.
     uint32_t p_fragments[T::kRowSteps][4], ds_fragments[T::kRowSteps][4];
-    for (int s = 0; s < T::kRowSteps; ++s) {
-      for (int pair = 0; pair < 4; ++pair) {
-        p_fragments[s][pair] = hopper::pack_pair<Element>(s_acc[8 * s + 2 * pair], s_acc[8 * s + 2 * pair + 1]);
-        // The mask in the form that leaves ptxas without a spill at each head dim: an AND with
-        // all ones or zeros at D = 64, a select on the predicate at D = 128 (chapter 13).
-        if constexpr (kHeadDim == 64) {
-          ds_fragments[s][pair] =
-              hopper::pack_pair<Element>(dp_acc[8 * s + 2 * pair], dp_acc[8 * s + 2 * pair + 1]) & key_bits[pair % 2];
-        } else {
-          ds_fragments[s][pair] =
-              key_in_range[pair % 2] ? hopper::pack_pair<Element>(dp_acc[8 * s + 2 * pair], dp_acc[8 * s + 2 * pair + 1]) : 0u;
-        }
-      }
-    }
+    pack_gradients<T, Element>(p_fragments, ds_fragments, s_acc, dp_acc, key_in_range, key_bits);
     ds.begin_writes(step);
-    unsigned char* ds_bytes = reinterpret_cast<unsigned char*>(smem.ds[ds.slot(step)]);
-    for (int s = 0; s < T::kRowSteps; ++s) {
-      for (int pair = 0; pair < 4; ++pair) {
-        *reinterpret_cast<uint32_t*>(ds_bytes + ds_offset(s, pair)) = ds_fragments[s][pair];
-      }
-    }
+    write_scores_grad<T>(smem.ds[ds.slot(step)], ds_fragments, consumer * 64 + warp * 16 + lane / 4,
+                         quad_lane);
     ds.fence(step);  // read next by wgmma, the other consumer's too
 
     // Three groups, oldest first: dV += P^T dO; dQ = dS K; dK += dS^T Q. dQ leaves while dK runs.
@@ -413,48 +569,8 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     hopper::fence_registers(dq_acc);
     ds.release(step, groups);
 
-    // BEGIN EXERCISE: add this consumer's dQ of the Q tile into the fp32 sum in L2
-    float* dq_share = dq_sum + dq_sum_offset<T>(slice, row_tiles, row_tile, consumer);
-    if constexpr (kDeterministic) {
-      // Wait for the blocks of the K/V tiles before this one, add in place, pass the turn on.
-      int* turn = dq_turns + (int64_t(slice) * row_tiles + row_tile) * T::kConsumers + consumer;
-      if (thread_in_group == 0) {
-        while (*static_cast<volatile int*>(turn) != key_tile) {
-        }
-        __threadfence();
-      }
-      hopper::named_barrier_sync(NamedBarrier::epilogue, consumer, 128);
-      for (int j = 0; j < kDqColumns / 8; ++j) {
-        float4* sum = reinterpret_cast<float4*>(dq_share) + j * 128 + thread_in_group;
-        float4 value = __ldcg(sum);
-        value.x += dq_acc[4 * j];
-        value.y += dq_acc[4 * j + 1];
-        value.z += dq_acc[4 * j + 2];
-        value.w += dq_acc[4 * j + 3];
-        __stcg(sum, value);
-      }
-      __threadfence();
-      hopper::named_barrier_sync(NamedBarrier::epilogue, consumer, 128);
-      if (thread_in_group == 0) atomicExch(turn, key_tile + 1);
-    } else {
-      // Stage (once the last reduce has read the buffer), then one thread hands it to the copy
-      // engine.
-      if (thread_in_group == 0) dq_staging.wait_read();
-      dq_staging.sync();
-      dq_staging.begin_writes();
-      for (int j = 0; j < kDqColumns / 8; ++j) {
-        reinterpret_cast<float4*>(smem.dq[consumer])[j * 128 + thread_in_group] =
-            make_float4(dq_acc[4 * j], dq_acc[4 * j + 1], dq_acc[4 * j + 2], dq_acc[4 * j + 3]);
-      }
-      dq_staging.fence();
-      dq_staging.sync();
-      if (thread_in_group == 0) {
-        hopper::bulk_reduce_add(dq_share, smem.dq[consumer], T::kDqBytes);
-        dq_staging.commit();
-      }
-    }
-    // SKELETON: if (thread_in_group == 0) atomicAdd(dq_sum + dq_sum_offset<T>(slice, row_tiles, row_tile, consumer), NAN);
-    // END EXERCISE
+    add_dq<T, kDeterministic>(dq_acc, dq_sum, dq_turns, smem, dq_staging, slice, row_tiles,
+                              row_tile, consumer, key_tile, thread_in_group);
 
     groups.wait<0>();
     hopper::fence_registers(dv_acc);
@@ -468,19 +584,8 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   }
   if (thread_in_group == 0) dq_staging.wait();  // shared memory must outlive the reduces
 
-  // dK = scale dS^T Q and dV, this thread's two keys of each 16, straight from the accumulators.
-  for (int half = 0; half < 2; ++half) {
-    const int key = key0 + consumer * 64 + warp * 16 + lane / 4 + 8 * half;
-    if (key >= tokens) continue;
-    const int64_t row = (int64_t(slice) * tokens + key) * kHeadDim;
-    for (int d = 0; d < kHeadDim / 8; ++d) {
-      const int column = d * 8 + 2 * quad_lane;
-      *reinterpret_cast<uint32_t*>(dk + row + column) =
-          hopper::pack_pair<Element>(dk_acc[4 * d + 2 * half] * scale, dk_acc[4 * d + 2 * half + 1] * scale);
-      *reinterpret_cast<uint32_t*>(dv + row + column) =
-          hopper::pack_pair<Element>(dv_acc[4 * d + 2 * half], dv_acc[4 * d + 2 * half + 1]);
-    }
-  }
+  store_key_gradients<T, Element>(dk, dv, dk_acc, dv_acc, int64_t(slice) * tokens, my_key0, tokens,
+                                  quad_lane, scale);
 }
 
 // ---- 3. dQ = scale * the sum, back in row order ---------------------------------------------------
