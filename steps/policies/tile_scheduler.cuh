@@ -38,7 +38,8 @@ struct TileScheduler {
     const int slice = index / tiles_per_slice, tile = index % tiles_per_slice;
     return {slice, slice % heads, slice / heads, tile, tile * kRowsPerTile};
   }
-  // One block per work tile (v7, v10): this block's.
+  // One block per work tile (v7, v10): this block's. at(blockIdx.x) but in unsigned arithmetic,
+  // as blockIdx.x is: the divisions stay the unsigned ones the steps always compiled to.
   __device__ __forceinline__ WorkTile this_block() const {
     const int slice = blockIdx.x / unsigned(tiles_per_slice), tile = blockIdx.x % unsigned(tiles_per_slice);
     return {slice, slice % heads, slice / heads, tile, tile * kRowsPerTile};
