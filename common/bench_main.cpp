@@ -35,13 +35,14 @@ struct BenchOptions {
   bool gpu_table = false;
   bool csv_header = false;
   bool log_sum_exp = false;
+  bool causal = false;
 };
 
 const char* kUsage =
     "usage: bench [--steps all|ID,ID,...] [--tokens N,N,...] [--head-dim D,D,...] [--batch B]\n"
     "             [--heads H] [--iters I] [--warmup W] [--seed S] [--check sample|full|none]\n"
-    "             [--csv FILE] [--device K] [--log-sum-exp] [--list] [--gpu-table]\n"
-    "             [--csv-header]\n"
+    "             [--csv FILE] [--device K] [--log-sum-exp] [--causal] [--list]\n"
+    "             [--gpu-table] [--csv-header]\n"
     "--list prints one tab-separated line per step and baseline: id, the largest N it serves on\n"
     "  this GPU at its first head dim (a number, 'any', or 'none' when this GPU cannot run it),\n"
     "  head dims, compute capability ('8.0+': 8.0 or newer; '9.0': that one alone), title.\n"
@@ -52,6 +53,9 @@ const char* kUsage =
     "--log-sum-exp times the forward a training step runs: each step also writes L, each row's\n"
     "  log-sum-exp, for the backward pass. Its rows are named ID+lse; a step that does not\n"
     "  write L is a row 'skipped: <why>'.\n"
+    "--causal runs every shape under the causal mask (query i sees keys j <= i; N_k = N here, so\n"
+    "  both alignments agree), FLOPs counted on the pairs it keeps. Its rows are named ID+causal;\n"
+    "  a step that takes no causal mask is a row 'skipped: <why>'.\n"
     "Runs every registered forward step (or the ones named) and the baselines over each token\n"
     "count and head dim, checks each against the fp64 reference, and writes one CSV row per run\n"
     "(to FILE, or to stdout when no --csv is given). A backward step (v9, v10) runs when named:\n"
@@ -80,6 +84,8 @@ BenchOptions parse(int argc, char** argv) {
       options.csv_header = true;
     } else if (name == "--log-sum-exp") {
       options.log_sum_exp = true;
+    } else if (name == "--causal") {
+      options.causal = true;
     } else if (name == "--steps") {
       const std::string list = value();
       if (list != "all") {
@@ -230,6 +236,7 @@ int run(const BenchOptions& options) {
   for (int64_t head_dim : options.head_dims) {
     for (int64_t tokens : options.tokens) {
       Shape shape{options.batch, options.heads, tokens, head_dim};
+      if (options.causal) shape.causal = Causal::top_left;
       validate_shape(shape);
       const HostTensors inputs = make_inputs(shape, options.seed);
       const std::vector<int64_t> slices = slices_to_check(shape, options.check, options.seed);
@@ -240,7 +247,7 @@ int run(const BenchOptions& options) {
       for (const std::string& id : options.steps) {
         const StepInfo& step = *find_step(id);
         Record record;
-        record.step = options.log_sum_exp ? step.id + "+lse" : step.id;
+        record.step = step.id + (options.log_sum_exp ? "+lse" : "") + (options.causal ? "+causal" : "");
         record.title = step.title;
         record.shape = shape;
         record.gpu = gpu;

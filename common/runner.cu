@@ -234,6 +234,9 @@ BackwardRunResult run_backward_step(const StepInfo& step, const HostTensors& inp
   for (__half* gradient : {dq.data(), dk.data(), dv.data()}) {  // NaN: an unwritten element fails
     CUDA_CHECK(cudaMemsetAsync(gradient, 0xFF, count * sizeof(__half), stream));
   }
+  // The workspace too (NaN floats, -1 counters), as one the caller used before would be: a step
+  // that counts on fresh memory being zero (cudaMalloc's often is) fails here.
+  CUDA_CHECK(cudaMemsetAsync(workspace.data(), 0xFF, workspace.bytes(), stream));
   if (step.pipeline_report != nullptr) step.pipeline_report();  // clear what an earlier run left
   step.launch_backward(args);
   CUDA_CHECK_LAUNCH();

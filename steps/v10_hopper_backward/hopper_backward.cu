@@ -121,41 +121,53 @@ __host__ __device__ constexpr int64_t dq_sum_offset(int64_t slice, int row_tiles
   return ((slice * row_tiles + row_tile) * T::kConsumers + consumer) * (64 * T::kDqColumns);
 }
 
-// ---- 1. L log2(e) and D = rowsum(dO o O), padded to whole Q tiles --------------------------------
+// ---- 1. L log2(e) and D = rowsum(dO o O), padded to whole Q tiles; the dQ sum zeroed ------------
 
-// One warp per row of [slices][row_tiles * kBlockM]; rows past N get 0 (a zero-filled Q row then
-// has P = 1 and dP = 0, so dS = 0 and adds nothing). The padding makes every Q tile's 64 values
-// one aligned 256-byte bulk copy.
-template <typename Element, int kBlockM>
+// A group of kHeadDim / 8 lanes per row of [slices][row_tiles * kBlockM] (8 at D = 64, 16 at
+// D = 128): each lane reads 8 elements of O and of dO, 16 bytes each, so every lane of a warp
+// has a load in flight whatever D is (a warp per row left three lanes in four idle at D = 64,
+// and the kernel ran at a quarter to three fifths of the memory bandwidth). Rows past N get 0 (a
+// zero-filled Q row then has P = 1 and dP = 0, so dS = 0 and adds nothing); the padding makes
+// every Q tile's values one aligned 256-byte bulk copy. The same lanes zero the row's share of
+// the dQ sum (D floats: the sum is as large as the rows), which the main kernel adds into: one
+// pass over memory instead of a memset of its own before this one.
+template <typename Element, int kBlockM, int kHeadDim>
 __global__ void row_vectors_kernel(const Element* __restrict__ o, const Element* __restrict__ d_o,
                                    const float* __restrict__ log_sum_exp,
                                    float* __restrict__ lse_log2, float* __restrict__ row_dot,
-                                   int64_t padded_rows, int tokens, int row_tiles, int head_dim) {
-  const int64_t padded_row = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
-  const int lane = threadIdx.x % 32;
-  if (padded_row >= padded_rows) return;
+                                   float* __restrict__ dq_sum, int64_t padded_rows, int tokens,
+                                   int row_tiles) {
+  constexpr int kLanesPerRow = kHeadDim / 8;
+  static_assert(32 % kLanesPerRow == 0, "a row's lanes lie in one warp");
+  const int64_t padded_row = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / kLanesPerRow;
+  const int column = threadIdx.x % kLanesPerRow * 8;
+  const bool in_workspace = padded_row < padded_rows;
   const int64_t slice = padded_row / (int64_t(row_tiles) * kBlockM);
   const int token = int(padded_row % (int64_t(row_tiles) * kBlockM));
-  float sum = 0.0f, lse = 0.0f;
-  if (token < tokens) {
-    const int64_t row = slice * tokens + token;
-    for (int column = lane * 8; column < head_dim; column += 32 * 8) {
-      const uint4 o_chunk = *reinterpret_cast<const uint4*>(o + row * head_dim + column);
-      const uint4 d_o_chunk = *reinterpret_cast<const uint4*>(d_o + row * head_dim + column);
-      const uint32_t* o_pairs = reinterpret_cast<const uint32_t*>(&o_chunk);
-      const uint32_t* d_o_pairs = reinterpret_cast<const uint32_t*>(&d_o_chunk);
-      for (int i = 0; i < 4; ++i) {
-        const float2 a = fragment_math::unpack_pair<Element>(o_pairs[i]);
-        const float2 b = fragment_math::unpack_pair<Element>(d_o_pairs[i]);
-        sum = fmaf(a.x, b.x, fmaf(a.y, b.y, sum));
-      }
+  const bool in_tensor = in_workspace && token < tokens;
+  float sum = 0.0f;
+  if (in_tensor) {
+    const int64_t element = (slice * tokens + token) * kHeadDim + column;
+    const uint4 o_chunk = *reinterpret_cast<const uint4*>(o + element);
+    const uint4 d_o_chunk = *reinterpret_cast<const uint4*>(d_o + element);
+    const uint32_t* o_pairs = reinterpret_cast<const uint32_t*>(&o_chunk);
+    const uint32_t* d_o_pairs = reinterpret_cast<const uint32_t*>(&d_o_chunk);
+    for (int i = 0; i < 4; ++i) {
+      const float2 a = fragment_math::unpack_pair<Element>(o_pairs[i]);
+      const float2 b = fragment_math::unpack_pair<Element>(d_o_pairs[i]);
+      sum = fmaf(a.x, b.x, fmaf(a.y, b.y, sum));
     }
-    for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
-    lse = log_sum_exp[row] * kLog2e;
   }
-  if (lane == 0) {
+  // Every lane takes part in the shuffles: the row's group adds up its lanes' sums.
+  for (int offset = kLanesPerRow / 2; offset > 0; offset /= 2) {
+    sum += __shfl_xor_sync(0xffffffffu, sum, offset, kLanesPerRow);
+  }
+  if (!in_workspace) return;
+  float4* zeros = reinterpret_cast<float4*>(dq_sum + padded_row * kHeadDim + column);
+  zeros[0] = zeros[1] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  if (column == 0) {
     row_dot[padded_row] = sum;
-    lse_log2[padded_row] = lse;
+    lse_log2[padded_row] = in_tensor ? log_sum_exp[slice * tokens + token] * kLog2e : 0.0f;
   }
 }
 
@@ -654,17 +666,17 @@ void launch_for(const attn::BackwardArgs& args) {
   const Workspace workspace = workspace_for<T>(args.workspace, slices, row_tiles);
   const int64_t dq_values = slices * row_tiles * T::kBlockM * kHeadDim;
 
-  CUDA_CHECK(cudaMemsetAsync(workspace.dq_sum, 0, std::size_t(dq_values) * sizeof(float), args.stream));
   if (args.deterministic) {
     CUDA_CHECK(cudaMemsetAsync(workspace.dq_turns, 0,
                                std::size_t(slices * row_tiles * T::kConsumers) * sizeof(int), args.stream));
   }
-  const int64_t padded_rows = slices * row_tiles * T::kBlockM;
-  constexpr int kRowsPerBlock = 8;  // one warp per row
-  row_vectors_kernel<Element, T::kBlockM>
-      <<<unsigned((padded_rows + kRowsPerBlock - 1) / kRowsPerBlock), 32 * kRowsPerBlock, 0, args.stream>>>(
-          o, d_o, args.log_sum_exp, workspace.lse_log2, workspace.row_dot, padded_rows, args.tokens,
-          row_tiles, kHeadDim);
+  const int64_t padded_rows = slices * row_tiles * T::kBlockM;  // also dq_values / kHeadDim
+  constexpr int kRowThreads = 256;
+  const int64_t row_threads = padded_rows * (kHeadDim / 8);
+  row_vectors_kernel<Element, T::kBlockM, kHeadDim>
+      <<<unsigned((row_threads + kRowThreads - 1) / kRowThreads), kRowThreads, 0, args.stream>>>(
+          o, d_o, args.log_sum_exp, workspace.lse_log2, workspace.row_dot, workspace.dq_sum,
+          padded_rows, args.tokens, row_tiles);
   CUDA_CHECK_LAUNCH();
 
   // Q and dO in Q tiles, K and V in the block's tile, each box one 64-column swizzle block.

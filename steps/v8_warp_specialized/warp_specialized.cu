@@ -339,15 +339,15 @@ struct ScoreMasks {
     }
   }
   // Under the causal mask, the keys of K/V tile kv_tile that a row does not see (past its
-  // diagonal or past N_k) get kPaddedScore.
+  // diagonal or past N_k) get kPaddedScore. A row sees keys [0, key_end): counted from this
+  // thread's first key of the tile, one compare per element against a column the compiler
+  // knows (8 i + e % 2), where mask.sees would add and compare twice.
   __device__ __forceinline__ void mask_causal(float (&s_acc)[kBlockN / 2], int kv_tile) const {
-    const int quad_lane = lane % 4;
+    const int first_key = kv_tile * kBlockN + 2 * (lane % 4);
+    const int seen[2] = {mask.key_end(row0, 1) - first_key, mask.key_end(row0 + 8, 1) - first_key};
     for (int i = 0; i < kBlockN / 8; ++i) {
       for (int e = 0; e < 4; ++e) {
-        const int row = row0 + 8 * (e / 2);
-        if (!mask.sees(row, kv_tile * kBlockN + 8 * i + 2 * quad_lane + e % 2)) {
-          s_acc[4 * i + e] = kPaddedScore;
-        }
+        if (8 * i + e % 2 >= seen[e / 2]) s_acc[4 * i + e] = kPaddedScore;
       }
     }
   }
@@ -455,8 +455,10 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     } else {
       // Visit 0 is the last K/V tile: the only one that can hold keys past N_k (their K rows are
       // TMA's zeros), which get -inf, so p = 0. Under the causal mask the first visits, to the
-      // tiles from mask.first_partial_tile on, hold the keys past the diagonal as well.
-      const int partial_visits = kv_tiles - mask.first_partial_tile(tile.row0, kBlockN);
+      // tiles from mask.first_partial_tile on, hold the keys past the diagonal as well: counted
+      // for the warp's own 16 rows, a warp masks only the tiles its diagonal crosses (one or two
+      // of 208 keys where the work tile's 128 rows cross two or three).
+      const int partial_visits = kv_tiles - mask.first_partial_tile(my_row0 + warp * 16, kBlockN);
       auto fetched = masks.fetch_padding(kv_tiles - 1);
       k_ring.wait_full(kv_use);
       issue_scores(kv_use);
