@@ -557,25 +557,13 @@ void launch_backward_call(const char* id, const attn_backward_args& call) {
       }
     }
   }
-  attn::BackwardArgs args;
-  args.q = static_cast<const __half*>(call.q);
-  args.k = static_cast<const __half*>(call.k);
-  args.v = static_cast<const __half*>(call.v);
-  args.o = static_cast<const __half*>(call.o);
-  args.d_o = static_cast<const __half*>(call.d_o);
-  args.log_sum_exp = static_cast<const float*>(call.log_sum_exp);
-  args.dq = static_cast<__half*>(call.dq);
-  args.dk = static_cast<__half*>(call.dk);
-  args.dv = static_cast<__half*>(call.dv);
-  args.batch = int(shape.batch);
-  args.heads = int(shape.heads);
-  args.tokens = int(shape.tokens);
-  args.head_dim = int(shape.head_dim);
-  args.dtype = shape.dtype;
-  args.scale = call.scale > 0.0 ? call.scale : 1.0 / std::sqrt(double(shape.head_dim));
-  args.stream = static_cast<cudaStream_t>(call.stream);
-  args.deterministic = call.deterministic != 0;
-  args.causal = shape.causal;
+  attn::BackwardArgs args = attn::backward_args(
+      shape,
+      {static_cast<const __half*>(call.q), static_cast<const __half*>(call.k),
+       static_cast<const __half*>(call.v), static_cast<const __half*>(call.o),
+       static_cast<const __half*>(call.d_o), static_cast<const float*>(call.log_sum_exp),
+       static_cast<__half*>(call.dq), static_cast<__half*>(call.dk), static_cast<__half*>(call.dv)},
+      nullptr, static_cast<cudaStream_t>(call.stream), call.deterministic != 0, call.scale);
   with_workspace(step, shape, device, call.workspace, call.workspace_bytes, query_cuda, call.stream,
                  {}, 0, [&](void* workspace) {
                    args.workspace = workspace;

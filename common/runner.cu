@@ -211,26 +211,11 @@ BackwardRunResult run_backward_step(const StepInfo& step, const HostTensors& inp
   if (forward->pipeline_report != nullptr) forward->pipeline_report();  // a clean record
   forward->launch(forward_args);
   CUDA_CHECK_LAUNCH();
-  BackwardArgs args;
-  args.q = q.data();
-  args.k = k.data();
-  args.v = v.data();
-  args.o = o.data();
-  args.d_o = d_o_buffer.data();
-  args.log_sum_exp = log_sum_exp.data();
-  args.dq = dq.data();
-  args.dk = dk.data();
-  args.dv = dv.data();
-  args.batch = int(shape.batch);
-  args.heads = int(shape.heads);
-  args.tokens = int(shape.tokens);
-  args.head_dim = int(shape.head_dim);
-  args.dtype = shape.dtype;
-  args.scale = forward_args.scale;
-  args.workspace = workspace.data();
-  args.stream = stream;
-  args.deterministic = config.deterministic;
-  args.causal = shape.causal;
+  const BackwardArgs args = backward_args(
+      shape,
+      {q.data(), k.data(), v.data(), o.data(), d_o_buffer.data(), log_sum_exp.data(), dq.data(),
+       dk.data(), dv.data()},
+      workspace.data(), stream, config.deterministic, forward_args.scale);
   for (__half* gradient : {dq.data(), dk.data(), dv.data()}) {  // NaN: an unwritten element fails
     CUDA_CHECK(cudaMemsetAsync(gradient, 0xFF, count * sizeof(__half), stream));
   }

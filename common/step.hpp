@@ -124,6 +124,47 @@ struct BackwardArgs {
   Causal causal = Causal::none;
 };
 
+// Where a backward launch's tensors lie (contiguous [B, H, N, D], L [B, H, N]).
+struct BackwardTensors {
+  const __half* q;
+  const __half* k;
+  const __half* v;
+  const __half* o;
+  const __half* d_o;
+  const float* log_sum_exp;
+  __half* dq;
+  __half* dk;
+  __half* dv;
+};
+
+// The arguments of a backward launch, the harness's and the C ABI's, as attention_args is the
+// forward's: the shape's sizes, dtype and causal mask; scale 1/sqrt(D) unless one (> 0) is given.
+inline BackwardArgs backward_args(const Shape& shape, const BackwardTensors& tensors,
+                                  void* workspace, cudaStream_t stream, bool deterministic,
+                                  double scale = 0.0) {
+  BackwardArgs args;
+  args.q = tensors.q;
+  args.k = tensors.k;
+  args.v = tensors.v;
+  args.o = tensors.o;
+  args.d_o = tensors.d_o;
+  args.log_sum_exp = tensors.log_sum_exp;
+  args.dq = tensors.dq;
+  args.dk = tensors.dk;
+  args.dv = tensors.dv;
+  args.batch = int(shape.batch);
+  args.heads = int(shape.heads);
+  args.tokens = int(shape.tokens);
+  args.head_dim = int(shape.head_dim);
+  args.dtype = shape.dtype;
+  args.scale = scale > 0.0 ? scale : 1.0 / std::sqrt(double(shape.head_dim));
+  args.workspace = workspace;
+  args.stream = stream;
+  args.deterministic = deterministic;
+  args.causal = shape.causal;
+  return args;
+}
+
 // The tiles a step cuts the sequence into at a head dim: along the queries (rows of a block or of
 // a warpgroup's share) and along the keys (a K/V tile, or the keys a block owns in a backward).
 // Sizes at an exact multiple of a tile, or one short of or past one, are where a tail mask or a
