@@ -241,10 +241,67 @@ struct StepInfo {
   bool takes_key_padding_mask = false;  // honours AttentionArgs::key_padding_mask
   bool takes_causal = false;  // honours AttentionArgs::causal (or BackwardArgs::causal), both alignments
   TileSizesFn tile_sizes = nullptr;  // nullptr: no tiles along N (one thread per output, v0)
+  // A backward step with a deterministic mode (BackwardArgs::deterministic).
+  bool has_deterministic_mode = false;
 
-  // The registration's last word: `StepInfo{...}.with_tiles(tile_sizes)`.
+  // The registration names each fact it sets, starting from step_info() or one of its siblings
+  // below (C++17 has no designated initializers):
+  //   ATTN_REGISTER_STEP(attn::step_info(ATTN_STEP_ID, "title", launch_flash)
+  //                          .serving(TileTable::head_dims(), {DType::fp16, DType::bf16})
+  //                          .with_shared_bytes(shared_bytes_needed).with_tiles(tile_sizes)
+  //                          .writing_log_sum_exp().taking_causal())
+  // The GPUs it runs on and a backward step's forward are not among them: the step folder's
+  // step.cmake declares those, for the build and for this registration alike (ATTN_REGISTER_STEP).
+  StepInfo serving(std::vector<int> dims, std::vector<DType> types = {DType::fp16}) && {
+    head_dims = std::move(dims);
+    dtypes = std::move(types);
+    return std::move(*this);
+  }
+  StepInfo with_shared_bytes(SharedBytesFn bytes) && {
+    shared_bytes = bytes;
+    return std::move(*this);
+  }
+  StepInfo with_workspace(WorkspaceFn bytes) && {
+    workspace_bytes = bytes;
+    return std::move(*this);
+  }
   StepInfo with_tiles(TileSizesFn sizes) && {
     tile_sizes = sizes;
+    return std::move(*this);
+  }
+  StepInfo with_pipeline_report(PipelineReportFn report) && {
+    pipeline_report = report;
+    return std::move(*this);
+  }
+  StepInfo taking_strides() && {
+    takes_strides = true;
+    return std::move(*this);
+  }
+  StepInfo writing_log_sum_exp() && {
+    writes_log_sum_exp = true;
+    return std::move(*this);
+  }
+  StepInfo taking_kv_tokens() && {
+    takes_kv_tokens = true;
+    return std::move(*this);
+  }
+  StepInfo taking_key_padding_mask() && {
+    takes_key_padding_mask = true;
+    return std::move(*this);
+  }
+  StepInfo taking_causal() && {
+    takes_causal = true;
+    return std::move(*this);
+  }
+  StepInfo with_deterministic_mode() && {
+    has_deterministic_mode = true;
+    return std::move(*this);
+  }
+  // From the build (ATTN_REGISTER_STEP): the compute capability range and a backward's forward.
+  StepInfo built_for(int min_capability, int max_capability, std::string forward) && {
+    min_compute_capability = min_capability;
+    max_compute_capability = max_capability;
+    forward_step = std::move(forward);
     return std::move(*this);
   }
   TileSizes tiles(int head_dim) const { return tile_sizes ? tile_sizes(head_dim) : TileSizes{}; }
@@ -270,6 +327,34 @@ struct StepInfo {
   }
 };
 
+// Where a registration starts: a forward step, a backward step (launch_backward; its forward from
+// step.cmake), a baseline measured beside the steps (never chosen to serve a call), a backward one.
+inline StepInfo step_info(std::string id, std::string title, LaunchFn launch) {
+  StepInfo info;
+  info.id = std::move(id);
+  info.title = std::move(title);
+  info.launch = launch;
+  return info;
+}
+inline StepInfo backward_step_info(std::string id, std::string title, BackwardLaunchFn launch) {
+  StepInfo info;
+  info.id = std::move(id);
+  info.title = std::move(title);
+  info.kind = StepKind::backward;
+  info.launch_backward = launch;
+  return info;
+}
+inline StepInfo baseline_info(std::string id, std::string title, LaunchFn launch) {
+  StepInfo info = step_info(std::move(id), std::move(title), launch);
+  info.kind = StepKind::baseline;
+  return info;
+}
+inline StepInfo backward_baseline_info(std::string id, std::string title, BackwardLaunchFn launch) {
+  StepInfo info = backward_step_info(std::move(id), std::move(title), launch);
+  info.kind = StepKind::backward_baseline;
+  return info;
+}
+
 // 90 -> "9.0".
 std::string compute_capability_text(int value);
 // {64, 128} -> "64, 128" with ", ", "64,128" with ",".
@@ -283,11 +368,20 @@ const StepInfo* find_step(const std::string& id);
 
 }  // namespace attn
 
-// ATTN_STEP_ID is set per step by CMake's add_step(), so a step file never names itself. The
-// variable's name carries the line, so one file may register two (the eager forward and backward).
+// ATTN_STEP_ID is set per step by CMake's add_step(), so a step file never names itself; so are
+// the facts of the step folder's step.cmake (ATTN_STEP_MIN_CC, ATTN_STEP_MAX_CC,
+// ATTN_STEP_FORWARD), which the registration takes from here. Code built outside a step folder
+// (the baselines) keeps StepInfo's defaults. The variable's name carries the line, so one file
+// may register two (the eager forward and backward).
+#ifdef ATTN_STEP_MIN_CC
+#define ATTN_STEP_BUILT_FOR(...) (__VA_ARGS__).built_for(ATTN_STEP_MIN_CC, ATTN_STEP_MAX_CC, ATTN_STEP_FORWARD)
+#else
+#define ATTN_STEP_BUILT_FOR(...) (__VA_ARGS__)
+#endif
 #define ATTN_CONCAT_INNER(a, b) a##b
 #define ATTN_CONCAT(a, b) ATTN_CONCAT_INNER(a, b)
 #define ATTN_REGISTER_STEP(...)                                                              \
   namespace {                                                                                \
-  const bool ATTN_CONCAT(attn_step_registered_, __LINE__) = ::attn::register_step(__VA_ARGS__); \
+  const bool ATTN_CONCAT(attn_step_registered_, __LINE__) =                                  \
+      ::attn::register_step(ATTN_STEP_BUILT_FOR(__VA_ARGS__));                              \
   }

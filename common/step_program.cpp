@@ -23,9 +23,11 @@ int run_step_program(const StepInfo& step, int argc, const char* const* argv, st
       return kExitPassed;
     }
     if (auto reason = step.refuses(options.shape)) throw UsageError(*reason);
-    if (options.deterministic && !is_backward(step.kind)) {
-      throw UsageError("--deterministic: " + step.id + " is a forward step, deterministic "
-                       "already (the flag is for the backward, step 9)");
+    if (options.deterministic && !step.has_deterministic_mode) {
+      throw UsageError("--deterministic: " + step.id +
+                       (is_backward(step.kind) ? " has no deterministic mode"
+                                               : " is a forward step, deterministic already (the "
+                                                 "flag asks a backward step for its deterministic mode)"));
     }
 
     Record record;

@@ -176,22 +176,18 @@ void launch_eager_backward(const attn::BackwardArgs& args) {
       CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 
-ATTN_REGISTER_STEP(attn::StepInfo{"eager",
-                                  "cuBLAS eager baseline: GEMM -> softmax -> GEMM, N x N scores in device memory",
-                                  {32, 64, 80, 128},
-                                  75,
-                                  0,
-                                  nullptr,
-                                  launch_eager,
-                                  scores_bytes,
-                                  attn::StepKind::baseline})
+ATTN_REGISTER_STEP(attn::baseline_info("eager",
+                                       "cuBLAS eager baseline: GEMM -> softmax -> GEMM, N x N scores in device memory",
+                                       launch_eager)
+                       .serving({32, 64, 80, 128})
+                       .with_workspace(scores_bytes))
 
-// Its forward is v6 (which writes L) in the step programs and the suite; the C ABI takes L from
-// any step that writes it.
-ATTN_REGISTER_STEP(attn::StepInfo{"eager_backward",
-                                  "cuBLAS eager backward: P and dS (N x N) in device memory, five GEMMs",
-                                  {32, 64, 80, 128}, 80, 0, nullptr, /*launch=*/nullptr,
-                                  backward_scores_bytes, attn::StepKind::backward_baseline,
-                                  /*takes_strides=*/false, /*pipeline_report=*/nullptr,
-                                  /*writes_log_sum_exp=*/false, launch_eager_backward,
-                                  /*forward_step=*/"v6"})
+// Its forward is v6 (which writes L) in the step programs and the suite, so it needs v6's GPUs;
+// the C ABI takes L from any step that writes it.
+ATTN_REGISTER_STEP(attn::backward_baseline_info("eager_backward",
+                                                "cuBLAS eager backward: P and dS (N x N) in device memory, five GEMMs",
+                                                launch_eager_backward)
+                       .serving({32, 64, 80, 128})
+                       .with_workspace(backward_scores_bytes)
+                       .with_deterministic_mode()  // cuBLAS GEMMs and a softmax: no atomics
+                       .built_for(80, 0, "v6"))

@@ -48,12 +48,22 @@ for step in "$@"; do
   [ -f "${today[0]}" ] || { echo "bench-against.sh: ${today[0]} missing; build $step first" >&2; exit 3; }
   then_source=("$tree"/steps/"$step"_*/*.cu)
   [ -f "${then_source[0]}" ] || { echo "bench-against.sh: $commit has no steps/${step}_*/" >&2; exit 2; }
+  # The step's facts at COMMIT, as add_step() passes them (its folder's step.cmake). A commit
+  # before step.cmake named its GPUs in its registration, and used sm_90a instructions where the
+  # file says wgmma or setmaxnreg.
   arch=90
-  grep -qE 'wgmma|setmaxnreg' "${then_source[0]}" "$tree"/steps/"$step"_*/* && arch=90a
+  facts_defines=()
+  if facts=$("$repo/scripts/step-facts.sh" "$(dirname "${then_source[0]}")"); then
+    mapfile -t facts_defines <<< "$facts"
+    arch=${facts_defines[0]}
+    facts_defines=("${facts_defines[@]:1}")
+  else
+    grep -qE 'wgmma|setmaxnreg' "${then_source[0]}" "$tree"/steps/"$step"_*/* && arch=90a
+  fi
   id="${step}at${commit}"
   echo "bench-against.sh: compiling $id (sm_$arch)"
   nvcc -std=c++17 -O3 -lineinfo --expt-relaxed-constexpr -gencode "arch=compute_$arch,code=sm_$arch" \
-    -I"$repo/common" -I"$repo/reference" -I"$tree/steps" -DATTN_STEP_ID="\"$id\"" \
+    -I"$repo/common" -I"$repo/reference" -I"$tree/steps" -DATTN_STEP_ID="\"$id\"" "${facts_defines[@]}" \
     -c "${then_source[0]}" -o "$out/$id.o"
   objects+=("${today[0]}" "$out/$id.o")
 done

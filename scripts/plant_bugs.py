@@ -33,6 +33,13 @@ from dataclasses import dataclass, field
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+def step_facts(folder):
+    """steps/<folder>/step.cmake's attn_step_facts (CMakeLists.txt): ARCH, and FORWARD or ""."""
+    text = open(os.path.join(REPO, "steps", folder, "step.cmake")).read()
+    forward = re.search(r"FORWARD\s+(v\d+)", text)
+    return re.search(r"ARCH\s+(\w+)", text).group(1), forward.group(1) if forward else ""
+
+
 @dataclass
 class Bug:
     id: str
@@ -46,11 +53,18 @@ class Bug:
 
     @property
     def hopper(self):
-        return self.folder.startswith(("v7_", "v8_", "v10_"))
+        return step_facts(self.folder)[0] == "90a"
 
     @property
     def arch(self):
         return "90a" if self.hopper else "90"
+
+    @property
+    def facts_defines(self):
+        """What add_step() passes a step's compile from its step.cmake, for the registration."""
+        arch, forward = step_facts(self.folder)
+        low, high = (90, 90) if arch == "90a" else (int(arch), 0)
+        return [f"-DATTN_STEP_MIN_CC={low}", f"-DATTN_STEP_MAX_CC={high}", f'-DATTN_STEP_FORWARD="{forward}"']
 
 
 V0, V6, V7, V8, V9 = "v0_naive", "v6_flash", "v7_tma_wgmma", "v8_warp_specialized", "v9_flash_backward"
@@ -288,7 +302,7 @@ def build(args, bugs):
                    "-I" + os.path.join(REPO, "common"), "-I" + os.path.join(REPO, "reference"),
                    "-I" + os.path.join(source_dir, bug.id),  # its planted headers, if any
                    "-I" + os.path.join(REPO, "steps"), f'-DATTN_STEP_ID="{bug.id}"',
-                   "-c", source, "-o", obj]
+                   *bug.facts_defines, "-c", source, "-o", obj]
         if checked:
             command.insert(1, "-DATTN_CHECKED_PIPELINE=1")
         result = subprocess.run(command, capture_output=True, text=True)

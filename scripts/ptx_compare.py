@@ -7,8 +7,8 @@ and at COMMIT compiled to PTX with the same flags, and every kernel's PTX compar
 The step file at COMMIT is compiled against that commit's steps/ folder (its library headers:
 steps/ampere/, steps/hopper/, or the headers beside its kernel then) and today's harness headers,
 as scripts/bench-against.sh does; today's file against today's steps/. Both get the same step id,
-so the string constants agree. A step that uses wgmma or setmaxnreg is compiled for
-compute_90a, the others for compute_90. Before comparing, what does not reach the machine code
+so the string constants agree. A step whose step.cmake says ARCH 90a (or, at a commit before
+step.cmake, that uses wgmma or setmaxnreg) is compiled for compute_90a, the others for compute_90. Before comparing, what does not reach the machine code
 is left out: the debug sections, .loc and .file lines, the hash nvcc gives an anonymous
 namespace (it changes from compile to compile), and the function's number in branch labels
 ($L__BB7_3 is in the file's eighth function: kernels instantiated in another order are
@@ -98,7 +98,11 @@ def main():
                 print(f"ptx_compare.py: {step}: no single kernel file now ({len(now)}) or at "
                       f"{args.commit} ({len(then)})", file=sys.stderr)
                 return 2
-            hopper = any(re.search(r"wgmma|setmaxnreg", open(path).read()) for path in now + then)
+            # sm_90a where the step folder's step.cmake says ARCH 90a (now or then); a commit
+            # before step.cmake, where the file uses wgmma or setmaxnreg.
+            facts = glob.glob(f"{REPO}/steps/{step}_*/step.cmake") + glob.glob(f"{work}/steps/{step}_*/step.cmake")
+            hopper = any(re.search(r"ARCH\s+90a", open(path).read()) for path in facts) or \
+                (len(facts) < 2 and any(re.search(r"wgmma|setmaxnreg", open(path).read()) for path in now + then))
             arch = "90a" if hopper else "90"
             compile_ptx(args.nvcc, then[0], f"{work}/steps", step, arch, f"{work}/{step}_then.ptx")
             compile_ptx(args.nvcc, now[0], f"{REPO}/steps", step, arch, f"{work}/{step}_now.ptx")

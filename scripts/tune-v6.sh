@@ -41,6 +41,7 @@ grep -q 'Tiles<64, ATTN_V6_TILES_D64>' "$repo/steps/v6_flash/flash.cu" ||
   { echo "tune-v6.sh: flash.cu no longer takes its D = 64 tile from ATTN_V6_TILES_D64; update this script" >&2; exit 3; }
 
 mkdir -p "$out"
+mapfile -t facts < <("$repo/scripts/step-facts.sh" "$repo/steps/v6_flash")  # 90, the -D flags
 objects=()
 for shape in "${shapes[@]}"; do
   IFS=, read -r warps groups key_tile <<< "$shape"
@@ -49,7 +50,7 @@ for shape in "${shapes[@]}"; do
   # nvcc splits -D values at commas unless they are escaped.
   nvcc -std=c++17 -O3 -lineinfo --expt-relaxed-constexpr \
     -gencode "arch=compute_$arch,code=sm_$arch" -I"$repo/common" -I"$repo/steps" \
-    -DATTN_STEP_ID="\"$id\"" "-DATTN_V6_TILES_D64=$warps\\,$groups\\,$key_tile" \
+    -DATTN_STEP_ID="\"$id\"" "${facts[@]:1}" "-DATTN_V6_TILES_D64=$warps\\,$groups\\,$key_tile" \
     -c "$repo/steps/v6_flash/flash.cu" -o "$out/$id.o"
   objects+=("$out/$id.o")
 done

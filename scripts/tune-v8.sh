@@ -43,6 +43,7 @@ for head_dim in 64 128; do
 done
 
 mkdir -p "$out"
+mapfile -t facts < <("$repo/scripts/step-facts.sh" "$repo/steps/v8_warp_specialized")  # 90a, the -D flags
 objects=()
 for shape in "${shapes[@]}"; do
   IFS=, read -r head_dim block_n stages q_buffers <<< "$shape"
@@ -50,7 +51,7 @@ for shape in "${shapes[@]}"; do
   echo "tune-v8.sh: compiling $id"
   # nvcc splits -D values at commas unless they are escaped.
   nvcc -std=c++17 -O3 -lineinfo --expt-relaxed-constexpr -gencode arch=compute_90a,code=sm_90a \
-    -I"$repo/common" -I"$repo/steps" -DATTN_STEP_ID="\"$id\"" \
+    -I"$repo/common" -I"$repo/steps" -DATTN_STEP_ID="\"$id\"" "${facts[@]:1}" \
     "-DATTN_V8_TILES_D$head_dim=$block_n\\,$stages\\,$q_buffers" -c "$source_file" -o "$out/$id.o"
   objects+=("$out/$id.o")
 done

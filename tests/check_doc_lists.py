@@ -4,7 +4,7 @@ test of its own, readme_gpu_table.cmake):
 
   - the Hopper steps: every "Hopper steps (...)" or "Hopper step (...)" in README.md and docs/
     that names step numbers names exactly the steps `bench --list` reports for compute
-    capability 9.0 alone, and CMakeLists.txt's ATTN_SM90A_STEPS is that set too;
+    capability 9.0 alone, and the step folders whose step.cmake says ARCH 90a are that set too;
   - gpu-check's stages: the stages of scripts/gpu-check.sh (its all_stages) are each described
     in its --help comment and have a row in chapter 08's table, whose count is written as
     "It runs N stages";
@@ -15,6 +15,7 @@ test of its own, readme_gpu_table.cmake):
   check_doc_lists.py BENCH REPO_ROOT      exit 0 when all hold, 1 with every mismatch listed
 """
 import ast
+import glob
 import os
 import re
 import subprocess
@@ -46,10 +47,13 @@ def check_hopper_steps(bench, root, problems):
     if not hopper:
         problems.append("bench --list names no step of compute capability 9.0")
         return
-    cmake = open(os.path.join(root, "CMakeLists.txt")).read()
-    listed = re.search(r"set\(ATTN_SM90A_STEPS ([0-9 ]+)\)", cmake)
-    if not listed or {int(n) for n in listed.group(1).split()} != hopper:
-        problems.append(f"CMakeLists.txt: ATTN_SM90A_STEPS is not the Hopper steps {sorted(hopper)}")
+    declared = set()
+    for facts in glob.glob(os.path.join(root, "steps", "v*_*", "step.cmake")):
+        if re.search(r"ARCH\s+90a", open(facts).read()):
+            declared.add(int(re.match(r"v(\d+)_", os.path.basename(os.path.dirname(facts))).group(1)))
+    if declared != hopper:
+        problems.append(f"steps/*/step.cmake: ARCH 90a is declared for steps {sorted(declared)}, "
+                        f"but bench --list puts {sorted(hopper)} on compute capability 9.0 alone")
     paths = [os.path.join(root, "README.md")] + sorted(
         os.path.join(root, "docs", name) for name in os.listdir(os.path.join(root, "docs"))
         if name.endswith(".md"))

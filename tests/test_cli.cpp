@@ -16,8 +16,10 @@ namespace {
 std::size_t fake_shared_bytes(const attn::Shape& shape) { return std::size_t(shape.tokens) * 32; }
 
 // Steps that are never launched: every case here stops before the GPU, or has none.
-const attn::StepInfo kFakeStep{"v9", "test step", {32, 64, 80, 128}, 75, 0, fake_shared_bytes, nullptr};
-const attn::StepInfo kFakeAmpereStep{"v8", "test step for 8.0+", {64}, 80, 0, nullptr, nullptr};
+const attn::StepInfo kFakeStep =
+    attn::step_info("v9", "test step", nullptr).serving({32, 64, 80, 128}).with_shared_bytes(fake_shared_bytes);
+const attn::StepInfo kFakeAmpereStep =
+    attn::step_info("v8", "test step for 8.0+", nullptr).serving({64}).built_for(80, 0, "");
 
 // A GPU that is not there, for the refusals the harness makes after reading the device:
 // compute capability 7.5 and 64 KB of shared memory per block (a T4's limits).

@@ -88,10 +88,8 @@ void launch_naive(const attn::AttentionArgs& args) {
 
 }  // namespace
 
-ATTN_REGISTER_STEP(attn::StepInfo{ATTN_STEP_ID, "naive: one thread per output element",
-                                  {32, 64, 80, 128}, 75, 0, nullptr, launch_naive, nullptr,
-                                  attn::StepKind::step, /*takes_strides=*/false,
-                                  /*pipeline_report=*/nullptr, /*writes_log_sum_exp=*/false,
-                                  /*launch_backward=*/nullptr, /*forward_step=*/"",
-                                  {attn::DType::fp16}, /*takes_kv_tokens=*/true,
-                                  /*takes_key_padding_mask=*/true, /*takes_causal=*/true})
+ATTN_REGISTER_STEP(attn::step_info(ATTN_STEP_ID, "naive: one thread per output element", launch_naive)
+                       .serving({32, 64, 80, 128})
+                       .taking_kv_tokens()
+                       .taking_key_padding_mask()
+                       .taking_causal())

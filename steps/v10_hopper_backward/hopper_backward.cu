@@ -771,15 +771,14 @@ attn::TileSizes tile_sizes(int head_dim) {
 
 }  // namespace
 
-ATTN_REGISTER_STEP(attn::StepInfo{ATTN_STEP_ID,
-                                  "Hopper backward: TMA producer, 2 wgmma consumers, dQ by bulk "
-                                  "reduce-add",
-                                  TileTable::head_dims(), 90, 90, shared_bytes_needed,
-                                  /*launch=*/nullptr, workspace_bytes_needed,
-                                  attn::StepKind::backward, /*takes_strides=*/false,
-                                  hopper::kPipelineReport, /*writes_log_sum_exp=*/false,
-                                  launch_hopper_backward, /*forward_step=*/"v8",
-                                  {attn::DType::fp16, attn::DType::bf16},
-                                  /*takes_kv_tokens=*/false, /*takes_key_padding_mask=*/false,
-                                  /*takes_causal=*/true}
-                       .with_tiles(tile_sizes))
+ATTN_REGISTER_STEP(attn::backward_step_info(ATTN_STEP_ID,
+                                            "Hopper backward: TMA producer, 2 wgmma consumers, dQ "
+                                            "by bulk reduce-add",
+                                            launch_hopper_backward)
+                       .serving(TileTable::head_dims(), {attn::DType::fp16, attn::DType::bf16})
+                       .with_shared_bytes(shared_bytes_needed)
+                       .with_workspace(workspace_bytes_needed)
+                       .with_tiles(tile_sizes)
+                       .with_pipeline_report(hopper::kPipelineReport)
+                       .with_deterministic_mode()
+                       .taking_causal())

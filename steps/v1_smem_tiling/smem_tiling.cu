@@ -198,6 +198,8 @@ attn::TileSizes tile_sizes(int) { return {{kQueryRows}, {kKeyTile}}; }
 
 }  // namespace
 
-ATTN_REGISTER_STEP(attn::StepInfo{ATTN_STEP_ID, "shared-memory tiling: 16 query rows per block",
-                                  {64}, 75, 0, shared_bytes_needed, launch_smem_tiling}
+ATTN_REGISTER_STEP(attn::step_info(ATTN_STEP_ID, "shared-memory tiling: 16 query rows per block",
+                                   launch_smem_tiling)
+                       .serving({64})
+                       .with_shared_bytes(shared_bytes_needed)
                        .with_tiles(tile_sizes))

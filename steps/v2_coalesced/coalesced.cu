@@ -207,6 +207,8 @@ attn::TileSizes tile_sizes(int) { return {{kQueryRows}, {kKeyTile}}; }
 
 }  // namespace
 
-ATTN_REGISTER_STEP(attn::StepInfo{ATTN_STEP_ID, "coalesced: 16-byte loads of contiguous tiles",
-                                  {64}, 75, 0, shared_bytes_needed, launch_coalesced}
+ATTN_REGISTER_STEP(attn::step_info(ATTN_STEP_ID, "coalesced: 16-byte loads of contiguous tiles",
+                                   launch_coalesced)
+                       .serving({64})
+                       .with_shared_bytes(shared_bytes_needed)
                        .with_tiles(tile_sizes))

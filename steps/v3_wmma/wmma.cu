@@ -254,6 +254,8 @@ attn::TileSizes tile_sizes(int) { return {{kQueryRows}, {kKeyTile}}; }
 
 }  // namespace
 
-ATTN_REGISTER_STEP(attn::StepInfo{ATTN_STEP_ID, "wmma: tensor-core fragments, one warp per block",
-                                  {64}, 75, 0, shared_bytes_needed, launch_wmma}
+ATTN_REGISTER_STEP(attn::step_info(ATTN_STEP_ID, "wmma: tensor-core fragments, one warp per block",
+                                   launch_wmma)
+                       .serving({64})
+                       .with_shared_bytes(shared_bytes_needed)
                        .with_tiles(tile_sizes))

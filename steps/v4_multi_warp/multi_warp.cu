@@ -247,6 +247,8 @@ attn::TileSizes tile_sizes(int) { return {{kQueryRows}, {kKeyTile}}; }
 
 }  // namespace
 
-ATTN_REGISTER_STEP(attn::StepInfo{ATTN_STEP_ID, "multi-warp: 4 warps share the staged tiles",
-                                  {64}, 75, 0, shared_bytes_needed, launch_multi_warp}
+ATTN_REGISTER_STEP(attn::step_info(ATTN_STEP_ID, "multi-warp: 4 warps share the staged tiles",
+                                   launch_multi_warp)
+                       .serving({64})
+                       .with_shared_bytes(shared_bytes_needed)
                        .with_tiles(tile_sizes))

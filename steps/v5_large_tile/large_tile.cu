@@ -289,6 +289,8 @@ attn::TileSizes tile_sizes(int) { return {{kQueryRows}, {kKeyTile}}; }
 
 }  // namespace
 
-ATTN_REGISTER_STEP(attn::StepInfo{ATTN_STEP_ID, "large tile: 32 rows, 8 warps, padded smem rows",
-                                  {64}, 75, 0, shared_bytes_needed, launch_large_tile}
+ATTN_REGISTER_STEP(attn::step_info(ATTN_STEP_ID, "large tile: 32 rows, 8 warps, padded smem rows",
+                                   launch_large_tile)
+                       .serving({64})
+                       .with_shared_bytes(shared_bytes_needed)
                        .with_tiles(tile_sizes))

@@ -415,14 +415,13 @@ attn::TileSizes tile_sizes(int head_dim) {
 
 }  // namespace
 
-ATTN_REGISTER_STEP(attn::StepInfo{ATTN_STEP_ID,
-                                  "flash: online softmax, K/V streamed, P kept in registers",
-                                  TileTable::head_dims(), 80, 0, shared_bytes_needed,
-                                  launch_flash, nullptr, attn::StepKind::step,
-                                  /*takes_strides=*/false, /*pipeline_report=*/nullptr,
-                                  /*writes_log_sum_exp=*/true, /*launch_backward=*/nullptr,
-                                  /*forward_step=*/"",
-                                  {attn::DType::fp16, attn::DType::bf16},
-                                  /*takes_kv_tokens=*/true, /*takes_key_padding_mask=*/true,
-                                  /*takes_causal=*/true}
-                       .with_tiles(tile_sizes))
+ATTN_REGISTER_STEP(attn::step_info(ATTN_STEP_ID,
+                                   "flash: online softmax, K/V streamed, P kept in registers",
+                                   launch_flash)
+                       .serving(TileTable::head_dims(), {attn::DType::fp16, attn::DType::bf16})
+                       .with_shared_bytes(shared_bytes_needed)
+                       .with_tiles(tile_sizes)
+                       .writing_log_sum_exp()
+                       .taking_kv_tokens()
+                       .taking_key_padding_mask()
+                       .taking_causal())

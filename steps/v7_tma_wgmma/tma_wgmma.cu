@@ -270,9 +270,12 @@ attn::TileSizes tile_sizes(int head_dim) {
 
 }  // namespace
 
-ATTN_REGISTER_STEP(attn::StepInfo{ATTN_STEP_ID,
-                                  "TMA + wgmma: the copy engine and asynchronous tensor cores",
-                                  TileTable::head_dims(), 90, 90, shared_bytes_needed, launch_tma_wgmma,
-                                  nullptr, attn::StepKind::step, /*takes_strides=*/true,
-                                  hopper::kPipelineReport, /*writes_log_sum_exp=*/true}
-                       .with_tiles(tile_sizes))
+ATTN_REGISTER_STEP(attn::step_info(ATTN_STEP_ID,
+                                   "TMA + wgmma: the copy engine and asynchronous tensor cores",
+                                   launch_tma_wgmma)
+                       .serving(TileTable::head_dims())
+                       .with_shared_bytes(shared_bytes_needed)
+                       .with_tiles(tile_sizes)
+                       .with_pipeline_report(hopper::kPipelineReport)
+                       .taking_strides()
+                       .writing_log_sum_exp())

@@ -604,14 +604,15 @@ attn::TileSizes tile_sizes(int head_dim) {
 
 }  // namespace
 
-ATTN_REGISTER_STEP(attn::StepInfo{ATTN_STEP_ID,
-                                  "warp specialized: TMA producer, 2 wgmma consumers, overlap",
-                                  TileTable::head_dims(), 90, 90, shared_bytes_needed,
-                                  launch_warp_specialized,
-                                  nullptr, attn::StepKind::step, /*takes_strides=*/true,
-                                  hopper::kPipelineReport, /*writes_log_sum_exp=*/true,
-                                  /*launch_backward=*/nullptr, /*forward_step=*/"",
-                                  {attn::DType::fp16, attn::DType::bf16},
-                                  /*takes_kv_tokens=*/true, /*takes_key_padding_mask=*/true,
-                                  /*takes_causal=*/true}
-                       .with_tiles(tile_sizes))
+ATTN_REGISTER_STEP(attn::step_info(ATTN_STEP_ID,
+                                   "warp specialized: TMA producer, 2 wgmma consumers, overlap",
+                                   launch_warp_specialized)
+                       .serving(TileTable::head_dims(), {attn::DType::fp16, attn::DType::bf16})
+                       .with_shared_bytes(shared_bytes_needed)
+                       .with_tiles(tile_sizes)
+                       .with_pipeline_report(hopper::kPipelineReport)
+                       .taking_strides()
+                       .writing_log_sum_exp()
+                       .taking_kv_tokens()
+                       .taking_key_padding_mask()
+                       .taking_causal())

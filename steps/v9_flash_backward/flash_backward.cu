@@ -634,15 +634,13 @@ attn::TileSizes tile_sizes(int head_dim) {
 
 }  // namespace
 
-ATTN_REGISTER_STEP(attn::StepInfo{ATTN_STEP_ID,
-                                  "flash backward: P rebuilt from L, dK and dV per K/V tile, "
-                                  "dQ by atomics (or a pass of its own)",
-                                  TileTable::head_dims(), 80, 0, shared_bytes_needed,
-                                  /*launch=*/nullptr, workspace_bytes_needed,
-                                  attn::StepKind::backward, /*takes_strides=*/false,
-                                  /*pipeline_report=*/nullptr, /*writes_log_sum_exp=*/false,
-                                  launch_flash_backward, /*forward_step=*/"v6",
-                                  {attn::DType::fp16, attn::DType::bf16},
-                                  /*takes_kv_tokens=*/false, /*takes_key_padding_mask=*/false,
-                                  /*takes_causal=*/true}
-                       .with_tiles(tile_sizes))
+ATTN_REGISTER_STEP(attn::backward_step_info(ATTN_STEP_ID,
+                                            "flash backward: P rebuilt from L, dK and dV per K/V "
+                                            "tile, dQ by atomics (or a pass of its own)",
+                                            launch_flash_backward)
+                       .serving(TileTable::head_dims(), {attn::DType::fp16, attn::DType::bf16})
+                       .with_shared_bytes(shared_bytes_needed)
+                       .with_workspace(workspace_bytes_needed)
+                       .with_tiles(tile_sizes)
+                       .with_deterministic_mode()
+                       .taking_causal())

@@ -1,0 +1,2 @@
+# Step 2's facts (CMakeLists.txt, attn_step_facts): plain CUDA, any GPU CUDA 13 builds for.
+attn_step_facts(ARCH 75)
