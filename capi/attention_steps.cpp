@@ -1,4 +1,4 @@
-// The C ABI of attention_steps.h over the step registry of common/step.hpp. Nothing here knows a
+// The C ABI of attention_steps.h over the step registry of contract/step.hpp. Nothing here knows a
 // kernel: the steps' own object files register themselves when the library loads, and every
 // function below only reads StepInfo, judges a call with StepInfo::refuses against the current
 // GPU's limits (describe_device, read once per device), and calls StepInfo::launch.

@@ -22,7 +22,7 @@ import re
 
 import pandas as pd
 
-# common/report.cpp, csv_header(); compare_pytorch.py writes the same columns.
+# harness/report.cpp, csv_header(); compare_pytorch.py writes the same columns.
 BENCH_COLUMNS = (
     "step,batch,heads,tokens,head_dim,median_us,min_us,max_us,iters,warmup,buffer_sets,"
     "tflops,gbps,fraction_tensor_peak,fraction_bandwidth,tensor_peak_tflops,copy_gbps,"
@@ -53,12 +53,12 @@ LABELS = {
 
 
 def repo_root():
-    """The repository root: REPO_ROOT, else the first folder upward holding common/report.cpp."""
+    """The repository root: REPO_ROOT, else the first folder upward holding harness/report.cpp."""
     if os.environ.get("REPO_ROOT"):
         return pathlib.Path(os.environ["REPO_ROOT"]).resolve()
     here = pathlib.Path.cwd().resolve()
     for folder in [here, *here.parents]:
-        if (folder / "common" / "report.cpp").is_file():
+        if (folder / "harness" / "report.cpp").is_file():
             return folder
     raise FileNotFoundError(f"no repository root above {here} (set REPO_ROOT)")
 

@@ -21,7 +21,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "inputs.hpp"
+#include "host_tensors.hpp"
 
 namespace attn {
 
@@ -67,8 +67,6 @@ SliceGradients attention_backward(const std::vector<double>& q, const std::vecto
                                   int64_t tokens, int64_t head_dim, double scale,
                                   DType dtype = DType::fp16, Causal causal = Causal::none);
 
-// dO of the standard test inputs: standard normal, from its own stream of the seed.
-std::vector<__half> make_output_gradient(const Shape& shape, uint64_t seed);
 
 // The gradients of a set of slices of fp16 inputs (read as doubles), in parallel over slices.
 struct BackwardReference {

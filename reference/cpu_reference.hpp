@@ -4,7 +4,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "inputs.hpp"
+#include "host_tensors.hpp"
 
 namespace attn {
 

@@ -7,11 +7,11 @@ backend forced through torch.nn.attention.sdpa_kernel (flash, efficient, cuDNN, 
 fp16 [B, H, N, D] inputs; and, through the repository's library (libattention_steps.so and
 python/attention_steps), any of its steps (--steps v6,v7,v8,...), in the same process on the
 same inputs. Writes one row per (implementation, N) in the bench's CSV schema
-(common/report.cpp, csv_header()), with the ids torch_eager, sdpa_flash, sdpa_efficient,
+(harness/report.cpp, csv_header()), with the ids torch_eager, sdpa_flash, sdpa_efficient,
 sdpa_cudnn, sdpa_math and the steps' own; an implementation that cannot run says why in its
 status.
 
-Method, as in common/: CUDA events around each run, 10 warm-ups, then one timed probe sets
+Method, as in harness/: CUDA events around each run, 10 warm-ups, then one timed probe sets
 the count (up to 50 runs within about 2 s, at least 5). When one set of Q, K, V, O fits in L2,
 several sets rotate so no run finds its inputs in cache. One such timing is a window; every
 implementation is timed in --windows windows (default 5), interleaved: window w times each
@@ -19,7 +19,7 @@ implementation once, in an order rotated by w, so a slow spell of the GPU lands 
 instead of one. The row's median is the median of its windows' medians; min and max are
 over all timed runs; the last columns keep the windows (count, smallest and largest window
 median), so a wide spread shows instead of hiding. The first and last (b, h) slices are
-checked against an fp64 reference with the rule of common/check.hpp: relative Frobenius error
+checked against an fp64 reference with the rule of harness/check.hpp: relative Frobenius error
 <= 4 * 2^-11 and max abs error <= 4 * 2^-11 * max|V|. The GPU's ceilings (copy bandwidth,
 fp16 tensor GEMM rate) are measured the same way the harness does.
 
@@ -31,7 +31,7 @@ fp16 tensor GEMM rate) are measured the same way the harness does.
 in the same rule). --causal runs causal attention: SDPA with is_causal=True, the steps with
 causal="top-left" (the same mask: query i sees keys j <= i), eager attention with the mask
 added; FLOPs then count the pairs on or below the diagonal, N (N + 1) / 2 per slice, as
-FlashAttention counts them (common/problem.hpp, Shape::visible_pairs). The CSV has no dtype or
+FlashAttention counts them (contract/problem.hpp, Shape::visible_pairs). The CSV has no dtype or
 mask column: name the file for them; --info records the command.
 
 --steps all means the PyTorch implementations; step ids need the library (the environment
@@ -54,7 +54,7 @@ import statistics
 import sys
 import warnings
 
-# common/report.cpp, csv_header(): the rows must be interchangeable with the bench's (ctest's
+# harness/report.cpp, csv_header(): the rows must be interchangeable with the bench's (ctest's
 # cpu.csv_schema_shared compares this with `bench --csv-header`). The tolerances and counts below
 # are copies of the C++ constants named beside each (this script runs without the bench; the same test checks
 # each copy against its source).
@@ -66,11 +66,11 @@ CSV_COLUMNS = (
 # Appended after the bench's columns: the timing windows behind the median.
 WINDOW_COLUMNS = ["windows", "window_median_min_us", "window_median_max_us"]
 
-WARMUP = 10                        # common/options.hpp: default --warmup
-AUTO_ITERS, AUTO_SECONDS = 50, 2.0  # common/options.hpp: kAutoIters, kAutoSeconds
-MIN_ITERS = 5                      # common/timing.cu
-MAX_BUFFER_SETS = 8                # common/runner.cu
-UNIT_ROUNDOFF = 2.0 ** -11         # common/check.hpp: fp16
+WARMUP = 10                        # harness/options.hpp: default --warmup
+AUTO_ITERS, AUTO_SECONDS = 50, 2.0  # harness/options.hpp: kAutoIters, kAutoSeconds
+MIN_ITERS = 5                      # harness/timing.cu
+MAX_BUFFER_SETS = 8                # harness/runner.cu
+UNIT_ROUNDOFF = 2.0 ** -11         # harness/check.hpp: fp16
 RELATIVE_TOLERANCE = 4 * UNIT_ROUNDOFF
 ABSOLUTE_FACTOR = 4 * UNIT_ROUNDOFF
 
@@ -148,7 +148,7 @@ def parse_args(argv):
 
 
 class Bench:
-    """Timing, ceilings and checking on one CUDA device, after common/timing.cu and check.cpp."""
+    """Timing, ceilings and checking on one CUDA device, after harness/timing.cu and check.cpp."""
 
     def __init__(self, torch, device):
         self.torch = torch
@@ -159,7 +159,7 @@ class Bench:
         self.l2_bytes = getattr(properties, "L2_cache_size", 50 * 2 ** 20)  # older torch: H100's
         # A busy-wait kernel queued before the timed runs lets Python queue them all while the
         # GPU is busy, so each event pair brackets GPU work, not Python's launch overhead (the
-        # bench does the same with hold_stream in common/timing.cu).
+        # bench does the same with hold_stream in harness/timing.cu).
         self.sleep = getattr(torch.cuda, "_sleep", None)
 
     def _timed(self, launch, first, count):
@@ -191,7 +191,7 @@ class Bench:
 
     def ceilings(self):
         """Copy bandwidth (GB/s, read + write) and fp16 tensor GEMM rate (TFLOP/s), measured as
-        common/ceilings.cu measures them: a 1 GiB device copy and an 8192^3 GEMM, fp32 accumulate."""
+        harness/ceilings.cu measures them: a 1 GiB device copy and an 8192^3 GEMM, fp32 accumulate."""
         torch = self.torch
         free_bytes, _ = torch.cuda.mem_get_info(self.device)
         size = min(2 ** 30, free_bytes // 4)
@@ -218,7 +218,7 @@ class Bench:
         return 2.0 * n ** 3 / (gemm["median_us"] * 1e-6) / 1e12, copy_gbps
 
     def check(self, q, k, v, output, causal=False):
-        """The first and last (b, h) slices against fp64, with common/check.cpp's rule (u of the
+        """The first and last (b, h) slices against fp64, with harness/check.cpp's rule (u of the
         inputs' dtype); causal: query i sees keys j <= i."""
         torch = self.torch
         u = 2.0 ** -8 if q.dtype == torch.bfloat16 else UNIT_ROUNDOFF
@@ -385,7 +385,7 @@ def measure(bench, torch, steps, tools, steps_module, shape, seed, windows, dtyp
 def row_for(step, shape, result, ceilings, gpu, causal=False):
     batch, heads, tokens, head_dim = shape
     tensor_tflops, copy_gbps = ceilings
-    # common/problem.hpp's Shape::flops() and min_bytes(): two N x N x D GEMMs over the pairs a
+    # contract/problem.hpp's Shape::flops() and min_bytes(): two N x N x D GEMMs over the pairs a
     # query sees (N (N + 1) / 2 under the causal mask), Q, K, V and O once.
     pairs = tokens * (tokens + 1) / 2.0 if causal else float(tokens) * tokens
     flops = 4.0 * batch * heads * pairs * head_dim

@@ -381,6 +381,12 @@ sanitize_one() {
   printf '%-8s %-10s %-22s %s\n' "$step" "$tool" "$shape_name" "$result" >> "$result_file"
 }
 
+# Runs "$@" in the background once fewer than SANITIZER_JOBS of this shell's jobs are running.
+in_pool() {
+  while [ "$(jobs -rp | wc -l)" -ge "$SANITIZER_JOBS" ]; do wait -n || true; done
+  "$@" &
+}
+
 stage_sanitizer() {
   require_build || return 1
   local sanitizer
@@ -394,8 +400,24 @@ stage_sanitizer() {
     head_dims=$(bench_list 2>/dev/null | awk -F'\t' '{print $1 "\t" $3}') || head_dims=""
   fi
 
-  # Besides N = 65 at D = 64, a tail at each other head dim a step may serve: N = 33 at D = 32,
-  # N = 17 at D = 80, N = 65 at D = 96 (step 8's 32-column tiles), N = 130 at D = 128.
+  # The shapes every step is asked for, as "name|flags": a step that does not take one (bf16,
+  # cross-attention, a mask) refuses it, which is n/a with its reason.
+  local shapes=(
+    "N65_B2_H3_D64|--tokens 65"
+    "N65_B2_H3_D64_bf16|--tokens 65 --dtype bf16"
+    "N65_Nk130_B2_H3_D64|--tokens 65 --kv-tokens 130"
+    # The key-padding mask, in cross-attention at D = 64 and at DETR's head dim, 32.
+    "N65_Nk130_B2_H3_D64_padded|--tokens 65 --kv-tokens 130 --key-padding"
+    "N33_Nk200_B2_H3_D32_padded|--tokens 33 --kv-tokens 200 --head-dim 32 --key-padding"
+    # The causal mask: top left at a tail, bottom right with fewer queries than keys and with
+    # more (rows that see no key), with the key-padding mask.
+    "N130_B2_H3_D64_causal|--tokens 130 --causal"
+    "N65_Nk130_B2_H3_D64_causal_br|--tokens 65 --kv-tokens 130 --causal --causal-align bottom-right"
+    "N200_Nk65_B2_H3_D64_causal_br_padded|--tokens 200 --kv-tokens 65 --causal --causal-align bottom-right --key-padding"
+  )
+  # Besides those, a tail at each other head dim a step may serve: N = 33 at D = 32, N = 17 at
+  # D = 80, N = 65 at D = 96 (step 8's 32-column tiles), N = 130 at D = 128; asked only of the
+  # steps that serve the head dim (bench --list), the others get n/a.
   local extra_shapes=("32 33" "80 17" "96 65" "128 130")
   local binary id tool count=0 head_dim tokens shape serves
   while read -r binary; do
@@ -409,32 +431,10 @@ stage_sanitizer() {
     fi
     id=v${binary##*/step}
     for tool in memcheck racecheck; do
-      while [ "$(jobs -rp | wc -l)" -ge "$SANITIZER_JOBS" ]; do wait -n || true; done
-      sanitize_one "$sanitizer" "$binary" "$tool" "N65_B2_H3_D64" "$results" --tokens 65 &
-      # bf16 and cross-attention at D = 64: a step that does not take them refuses (n/a, with
-      # its reason), so every step is asked.
-      while [ "$(jobs -rp | wc -l)" -ge "$SANITIZER_JOBS" ]; do wait -n || true; done
-      sanitize_one "$sanitizer" "$binary" "$tool" "N65_B2_H3_D64_bf16" "$results" --tokens 65 --dtype bf16 &
-      while [ "$(jobs -rp | wc -l)" -ge "$SANITIZER_JOBS" ]; do wait -n || true; done
-      sanitize_one "$sanitizer" "$binary" "$tool" "N65_Nk130_B2_H3_D64" "$results" --tokens 65 --kv-tokens 130 &
-      # The key-padding mask, in cross-attention at D = 64 and at DETR's head dim, 32.
-      while [ "$(jobs -rp | wc -l)" -ge "$SANITIZER_JOBS" ]; do wait -n || true; done
-      sanitize_one "$sanitizer" "$binary" "$tool" "N65_Nk130_B2_H3_D64_padded" "$results" \
-        --tokens 65 --kv-tokens 130 --key-padding &
-      while [ "$(jobs -rp | wc -l)" -ge "$SANITIZER_JOBS" ]; do wait -n || true; done
-      sanitize_one "$sanitizer" "$binary" "$tool" "N33_Nk200_B2_H3_D32_padded" "$results" \
-        --tokens 33 --kv-tokens 200 --head-dim 32 --key-padding &
-      # The causal mask: top left at a tail, bottom right with fewer queries than keys and with
-      # more (rows that see no key), with the key-padding mask.
-      while [ "$(jobs -rp | wc -l)" -ge "$SANITIZER_JOBS" ]; do wait -n || true; done
-      sanitize_one "$sanitizer" "$binary" "$tool" "N130_B2_H3_D64_causal" "$results" \
-        --tokens 130 --causal &
-      while [ "$(jobs -rp | wc -l)" -ge "$SANITIZER_JOBS" ]; do wait -n || true; done
-      sanitize_one "$sanitizer" "$binary" "$tool" "N65_Nk130_B2_H3_D64_causal_br" "$results" \
-        --tokens 65 --kv-tokens 130 --causal --causal-align bottom-right &
-      while [ "$(jobs -rp | wc -l)" -ge "$SANITIZER_JOBS" ]; do wait -n || true; done
-      sanitize_one "$sanitizer" "$binary" "$tool" "N200_Nk65_B2_H3_D64_causal_br_padded" "$results" \
-        --tokens 200 --kv-tokens 65 --causal --causal-align bottom-right --key-padding &
+      for shape in "${shapes[@]}"; do
+        # shellcheck disable=SC2086  # the flags split into words
+        in_pool sanitize_one "$sanitizer" "$binary" "$tool" "${shape%%|*}" "$results" ${shape#*|}
+      done
       for shape in "${extra_shapes[@]}"; do
         read -r head_dim tokens <<< "$shape"
         serves=yes  # unknown: try it, a refusal (exit 2) is n/a
@@ -444,9 +444,8 @@ stage_sanitizer() {
             <<< "$head_dims" && serves=yes
         fi
         if [ "$serves" = yes ]; then
-          while [ "$(jobs -rp | wc -l)" -ge "$SANITIZER_JOBS" ]; do wait -n || true; done
-          sanitize_one "$sanitizer" "$binary" "$tool" "N${tokens}_B2_H3_D${head_dim}" "$results" \
-            --tokens "$tokens" --head-dim "$head_dim" &
+          in_pool sanitize_one "$sanitizer" "$binary" "$tool" "N${tokens}_B2_H3_D${head_dim}" "$results" \
+            --tokens "$tokens" --head-dim "$head_dim"
         else
           printf '%-8s %-10s %-22s %s\n' "$(basename "$binary")" "$tool" "N${tokens}_B2_H3_D${head_dim}" \
             "n/a ($id does not serve head dim $head_dim per bench --list)" >> "$results"

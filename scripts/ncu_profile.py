@@ -74,7 +74,7 @@ COLUMNS = [
 ]
 
 
-# The harness's own kernels (common/timing.cu holds the stream before timed runs, ceilings.cu
+# The harness's own kernels (harness/timing.cu holds the stream before timed runs, ceilings.cu
 # fills the GEMM inputs): not part of any step, left out of every row.
 HARNESS_KERNELS = re.compile(r"\b(hold_stream|fill_hashed)\b")
 

@@ -26,13 +26,13 @@ import datetime
 import math
 import sys
 
-# common/report.cpp, csv_header()
+# harness/report.cpp, csv_header()
 BENCH_COLUMNS = (
     "step,batch,heads,tokens,head_dim,median_us,min_us,max_us,iters,warmup,buffer_sets,"
     "tflops,gbps,fraction_tensor_peak,fraction_bandwidth,tensor_peak_tflops,copy_gbps,"
     "status,relative_error,max_abs_error,checked_slices,gpu,date"
 ).split(",")
-AUTO_ITERS, AUTO_SECONDS, MIN_ITERS = 50, 2.0, 5  # common/options.hpp, common/timing.cu
+AUTO_ITERS, AUTO_SECONDS, MIN_ITERS = 50, 2.0, 5  # harness/options.hpp, harness/timing.cu
 
 
 def fail(message):

@@ -284,8 +284,10 @@ def build(args, bugs):
         # v6 and v8, the forward steps v9's and v10's copies run first for O and L.
         os.path.join(args.build_dir, "CMakeFiles/attn_v6.dir/steps/v6_flash/flash.cu.o"),
         os.path.join(args.build_dir, "CMakeFiles/attn_v8.dir/steps/v8_warp_specialized/warp_specialized.cu.o"),
-        os.path.join(args.build_dir, "reference/CMakeFiles/attn_eager.dir/eager_cublas.cu.o"),
-        os.path.join(args.build_dir, "common/libattn_common.a"),
+        os.path.join(args.build_dir, "baselines/CMakeFiles/attn_eager.dir/eager_cublas.cu.o"),
+        os.path.join(args.build_dir, "harness/libattn_harness.a"),
+        os.path.join(args.build_dir, "reference/libattn_reference.a"),
+        os.path.join(args.build_dir, "contract/libattn_contract.a"),
     ]
     for path in harness:
         if not os.path.isfile(path):
@@ -299,7 +301,7 @@ def build(args, bugs):
         obj = os.path.join(source_dir, f"{bug.id}{'.checked' if checked else ''}.o")
         command = [nvcc, "-std=c++17", "-O3", "-lineinfo", "--expt-relaxed-constexpr",
                    "-gencode", f"arch=compute_{bug.arch},code=sm_{bug.arch}",
-                   "-I" + os.path.join(REPO, "common"), "-I" + os.path.join(REPO, "reference"),
+                   "-I" + os.path.join(REPO, "contract"),
                    "-I" + os.path.join(source_dir, bug.id),  # its planted headers, if any
                    "-I" + os.path.join(REPO, "steps"), f'-DATTN_STEP_ID="{bug.id}"',
                    *bug.facts_defines, "-c", source, "-o", obj]

@@ -39,7 +39,7 @@ ENTRY = re.compile(r"^(?:\.visible |\.weak )?\.entry (\S+?)\(")
 
 def compile_ptx(nvcc, source, steps_root, step, arch, out):
     command = [nvcc, "-std=c++17", "-O3", "-lineinfo", "--expt-relaxed-constexpr",
-               f"-arch=compute_{arch}", "-ptx", f"-I{REPO}/common", f"-I{REPO}/reference",
+               f"-arch=compute_{arch}", "-ptx", f"-I{REPO}/contract",
                f"-I{steps_root}", f'-DATTN_STEP_ID="{step}"', source, "-o", out]
     result = subprocess.run(command, capture_output=True, text=True)
     if result.returncode != 0:

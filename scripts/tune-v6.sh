@@ -30,9 +30,11 @@ done
 
 repo=$(cd "$(dirname "$0")/.." && pwd)
 harness=(
-  "$build_dir/CMakeFiles/bench.dir/common/bench_main.cpp.o"
-  "$build_dir/reference/CMakeFiles/attn_eager.dir/eager_cublas.cu.o"
-  "$build_dir/common/libattn_common.a"
+  "$build_dir/CMakeFiles/bench.dir/programs/bench_main.cpp.o"
+  "$build_dir/baselines/CMakeFiles/attn_eager.dir/eager_cublas.cu.o"
+  "$build_dir/harness/libattn_harness.a"
+  "$build_dir/reference/libattn_reference.a"
+  "$build_dir/contract/libattn_contract.a"
 )
 for file in "${harness[@]}"; do
   [ -f "$file" ] || { echo "tune-v6.sh: $file missing; build first: cmake -B $build_dir && cmake --build $build_dir --target bench" >&2; exit 3; }
@@ -49,10 +51,10 @@ for shape in "${shapes[@]}"; do
   echo "tune-v6.sh: compiling $id"
   # nvcc splits -D values at commas unless they are escaped.
   nvcc -std=c++17 -O3 -lineinfo --expt-relaxed-constexpr \
-    -gencode "arch=compute_$arch,code=sm_$arch" -I"$repo/common" -I"$repo/steps" \
+    -gencode "arch=compute_$arch,code=sm_$arch" -I"$repo/contract" -I"$repo/steps" \
     -DATTN_STEP_ID="\"$id\"" "${facts[@]:1}" "-DATTN_V6_TILES_D64=$warps\\,$groups\\,$key_tile" \
     -c "$repo/steps/v6_flash/flash.cu" -o "$out/$id.o"
   objects+=("$out/$id.o")
 done
-nvcc -o "$out/bench_tune" "${harness[0]}" "${objects[@]}" "${harness[1]}" "${harness[2]}" -lcublas -lpthread
+nvcc -o "$out/bench_tune" "${harness[0]}" "${objects[@]}" "${harness[@]:1}" -lcublas -lpthread
 echo "tune-v6.sh: wrote $out/bench_tune ($("$out/bench_tune" --list | cut -f1 | paste -sd' '))"

@@ -29,7 +29,7 @@ rounding (fp32 accumulation, fp16 in and out), so its distance to the reference 
 too, and by the triangle inequality its distance to the stock model is at most about
 2 * e_stock. We allow 3 * e_stock (a 1.5x margin for the spread of random rounding), separately
 for the relative Frobenius error and the max abs error, and never less than 4u relative
-(u = 2^-11, the per-kernel tolerance of common/check.hpp) or 4u * max|logit| absolute. A wiring
+(u = 2^-11, the per-kernel tolerance of harness/check.hpp) or 4u * max|logit| absolute. A wiring
 mistake (heads mixed up, a wrong scale, a lost bias) moves the logits by O(1), hundreds of times
 more; an error of a few ulps in one kernel is the per-kernel tests' job (fp64 reference).
 

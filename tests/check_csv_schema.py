@@ -56,15 +56,15 @@ def cpp_number(root, relative, pattern):
 def constant_mismatches(root):
     """compare_pytorch.py's copies of the C++ constants, each against its source."""
     python = module_constants(root / "scripts/compare_pytorch.py")
-    roundoff = cpp_number(root, "common/check.hpp", r"kUnitRoundoff = ([0-9a-fx.p+-]+);")
-    relative_factor = cpp_number(root, "common/check.hpp", r"kRelativeTolerance = ([0-9.]+) \* kUnitRoundoff")
-    absolute_factor = cpp_number(root, "common/check.hpp", r"kAbsoluteFactor = ([0-9.]+) \* kUnitRoundoff")
+    roundoff = cpp_number(root, "harness/check.hpp", r"kUnitRoundoff = ([0-9a-fx.p+-]+);")
+    relative_factor = cpp_number(root, "harness/check.hpp", r"kRelativeTolerance = ([0-9.]+) \* kUnitRoundoff")
+    absolute_factor = cpp_number(root, "harness/check.hpp", r"kAbsoluteFactor = ([0-9.]+) \* kUnitRoundoff")
     sources = {
-        "WARMUP": cpp_number(root, "common/options.hpp", r"int warmup = ([0-9]+);"),
-        "AUTO_ITERS": cpp_number(root, "common/options.hpp", r"kAutoIters = ([0-9]+);"),
-        "AUTO_SECONDS": cpp_number(root, "common/options.hpp", r"kAutoSeconds = ([0-9.]+);"),
-        "MIN_ITERS": cpp_number(root, "common/timing.cu", r"kAutoSeconds \* 1e6 / std::max\(probe_us, 1.0\)\), ([0-9.]+),"),
-        "MAX_BUFFER_SETS": cpp_number(root, "common/runner.cu", r"kMaxBufferSets = ([0-9]+);"),
+        "WARMUP": cpp_number(root, "harness/options.hpp", r"int warmup = ([0-9]+);"),
+        "AUTO_ITERS": cpp_number(root, "harness/options.hpp", r"kAutoIters = ([0-9]+);"),
+        "AUTO_SECONDS": cpp_number(root, "harness/options.hpp", r"kAutoSeconds = ([0-9.]+);"),
+        "MIN_ITERS": cpp_number(root, "harness/timing.cu", r"kAutoSeconds \* 1e6 / std::max\(probe_us, 1.0\)\), ([0-9.]+),"),
+        "MAX_BUFFER_SETS": cpp_number(root, "harness/runner.cu", r"kMaxBufferSets = ([0-9]+);"),
         "UNIT_ROUNDOFF": roundoff,
         "RELATIVE_TOLERANCE": relative_factor * roundoff,
         "ABSOLUTE_FACTOR": absolute_factor * roundoff,

@@ -282,7 +282,7 @@ TEST_SUITE("online_softmax") {
   TEST_CASE("fp32 model with P rounded to fp16 for P V, as flash.cu: within the step check") {
     // The kernel rounds each weight to fp16 for the tensor cores but sums the fp32 weights:
     // each p_j carries a relative error <= u/2 (u = 2^-11), so O moves by at most u/2 max|V|
-    // more than the fp32 model does. That is the term common/check.hpp budgets for; the step
+    // more than the fp32 model does. That is the term harness/check.hpp budgets for; the step
     // check allows 4u max|V|. Blocks of 64 keys are flash.cu's K/V tile at D = 64; 16 is one
     // k-step of its P V product, 128 a tile it measured and rejected (docs/07-flash.md).
     double worst = 0;

@@ -34,9 +34,9 @@ if grep -nE '// (BEGIN|END) EXERCISE' "$skeleton" >&2; then
   exit 1
 fi
 
-# As add_step() compiles a step: its id defined, the harness headers and steps/ (a header beside
-# a step's kernel is included as "vN_<idea>/header.cuh") on the include path.
+# As add_step() compiles a step: its id defined, the contract's headers (contract/) and steps/
+# (the library folders, "hopper/...", "policies/...") on the include path.
 "$nvcc" -std=c++17 --expt-relaxed-constexpr "${arch_option[@]}" -DATTN_STEP_ID="\"v$step\"" \
-  -I"$repo_root/common" -I"$repo_root/reference" -I"$repo_root/steps" \
+  -I"$repo_root/contract" -I"$repo_root/steps" \
   -c "$skeleton" -o "$out_dir/skeleton_v$step.o"
 echo "skeleton of step $step: $regions region(s) replaced by TODOs; it compiles ($skeleton)"

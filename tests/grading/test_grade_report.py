@@ -18,7 +18,7 @@ REPORTER = REPO_ROOT / "scripts" / "grade_report.py"
 SCHEMA = REPO_ROOT / "scripts" / "grade_results.schema.json"
 CHECKER = Path(__file__).with_name("check_report.py")
 
-# The columns of common/report.cpp's csv_header(), as bench writes them.
+# The columns of harness/report.cpp's csv_header(), as bench writes them.
 CSV_HEADER = ("step,batch,heads,tokens,head_dim,median_us,min_us,max_us,iters,warmup,buffer_sets,"
               "tflops,gbps,fraction_tensor_peak,fraction_bandwidth,tensor_peak_tflops,copy_gbps,"
               "status,relative_error,max_abs_error,checked_slices,gpu,date")

@@ -9,7 +9,7 @@ vit_b_16; swap_attention finds every encoder block of vit_b_16, vit_b_32, vit_l_
 and restore_attention undoes it.
 
 With --gpu (ctest python.torch_bridge_gpu): every step that serves the shape, through
-attention(), against SDPA in fp32 with the tolerances of common/check.hpp; a caller's stream;
+attention(), against SDPA in fp32 with the tolerances of harness/check.hpp; a caller's stream;
 the eager baseline's workspace; a refusal; vit_b_16 with v6 swapped in against the stock model.
 
 Exit 77 (ctest: skipped) when torch or torchvision does not import, or (--gpu) when torch sees
@@ -43,7 +43,7 @@ if GPU and not OPERATOR:
           "GPU tests of the torch bridge did not run")
     sys.exit(77)
 
-UNIT_ROUNDOFF = 2.0 ** -11  # common/check.hpp: fp16; both tolerances are 4u
+UNIT_ROUNDOFF = 2.0 ** -11  # harness/check.hpp: fp16; both tolerances are 4u
 MODELS = {"vit_b_16": (12, 64), "vit_b_32": (12, 64), "vit_l_16": (24, 64), "vit_h_14": (32, 80)}
 
 

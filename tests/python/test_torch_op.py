@@ -3,7 +3,7 @@
 
   - every step that serves the shape, on contiguous tensors, on slices of one packed projection
     and on views of sequence-first projections, at tail shapes (N = 1, 65, 130), against SDPA in
-    fp32 with the tolerances of common/check.hpp, and O's strides (q's order of batch and tokens
+    fp32 with the tolerances of harness/check.hpp, and O's strides (q's order of batch and tokens
     for a step that takes views); L against log-sum-exp in fp64; another scale;
   - torch.library.opcheck (schema, fake tensor, autograd registration, AOT dispatch with
     dynamic shapes) at a tail shape, on packed views and on sequence-first cross-attention;
@@ -51,8 +51,8 @@ except ImportError as error:
     print(f"SKIPPED: {error}")
     sys.exit(77)
 
-UNIT_ROUNDOFF = 2.0 ** -11  # common/check.hpp: fp16; both tolerances are 4u, L's too
-BF16_UNIT_ROUNDOFF = 2.0 ** -8  # the same tolerances in bf16 (common/check.hpp), L's excepted
+UNIT_ROUNDOFF = 2.0 ** -11  # harness/check.hpp: fp16; both tolerances are 4u, L's too
+BF16_UNIT_ROUNDOFF = 2.0 ** -8  # the same tolerances in bf16 (harness/check.hpp), L's excepted
 
 
 def served_steps(head_dim=None):
@@ -404,7 +404,7 @@ class SdpaEntryPoint(Checks):
 class Gradients(unittest.TestCase):
     """Autograd through the operator: the forward step, then the backward step of this GPU (v10
     on an H100, v9 elsewhere), against SDPA's math backend in
-    fp64, with the tolerances of common/check.hpp for gradients (8u relative Frobenius; 8u times
+    fp64, with the tolerances of harness/check.hpp for gradients (8u relative Frobenius; 8u times
     the largest reference value, at least dV's, on any element)."""
 
     def assert_gradients(self, step, shape, packed=False, scale=None, dtype=torch.half):

@@ -8,25 +8,12 @@
 #include <cstdint>
 #include <vector>
 
+#include "host_tensors.hpp"
 #include "problem.hpp"
 
 namespace attn {
 
-// Q, K and V on the host, [B, H, N, D] each, in fp16 containers whatever shape.dtype says: the
-// values are drawn in the shape's dtype, and a bf16 value (8 significant bits) is an fp16 value
-// exactly as long as it lies in fp16's range, as every drawn value does (|x| < 200). The harness
-// converts them to bf16 on the way to the GPU; the references read the same numbers.
-struct HostTensors {
-  Shape shape;
-  std::vector<__half> q, k, v;  // Q [B, H, N, D]; K and V [B, H, N_k, D]
-  // [B, N_k], 1 where a key is padding (it gets no weight), with Shape::key_padding; else empty.
-  // Drawn as a DETR batch pads its images: the keys are a grid of ceil(sqrt(N_k)) columns, and
-  // batch element b keeps a top-left block of it, smaller for some b, so the valid keys are not a
-  // prefix. Every batch element keeps key 0.
-  std::vector<uint8_t> key_padding_mask;
-};
-
-// `value` rounded to `dtype`, in an fp16 container (see HostTensors).
+// `value` rounded to `dtype`, in an fp16 container (see HostTensors, reference/host_tensors.hpp).
 __half to_dtype(float value, DType dtype);
 
 // Standard normal Q, K, V. qk_scale multiplies Q and K: the stress case uses 16, which puts
@@ -50,10 +37,7 @@ HostTensors make_key_mask_probe_inputs(const Shape& shape, uint64_t seed);
 // The same generator, for tests that need one value.
 float normal_sample(uint64_t seed, uint64_t stream, uint64_t index);
 
-// Runs body(begin, end) over [0, count) split across the machine's cores.
-template <typename Body>
-void parallel_for(int64_t count, Body body);
+// dO of the standard test inputs: standard normal, from its own stream of the seed.
+std::vector<__half> make_output_gradient(const Shape& shape, uint64_t seed);
 
 }  // namespace attn
-
-#include "parallel_for.inl"

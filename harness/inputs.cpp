@@ -83,4 +83,12 @@ HostTensors make_key_mask_probe_inputs(const Shape& shape, uint64_t seed) {
   return inputs;
 }
 
+std::vector<__half> make_output_gradient(const Shape& shape, uint64_t seed) {
+  std::vector<__half> d_o(std::size_t(shape.elements()));
+  parallel_for(int64_t(d_o.size()), [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) d_o[i] = to_dtype(normal_sample(seed, 4, uint64_t(i)), shape.dtype);
+  });
+  return d_o;
+}
+
 }  // namespace attn
