@@ -14,10 +14,11 @@
 #              the shipped steps break no protocol rule                  -> checked.log
 #   planted    scripts/plant_bugs.py --run-only on the copies built in PLANTED_DIR: every planted
 #              bug is caught by the normal suite or the checked build    -> planted.csv, planted.txt
-#   sanitizer  memcheck + racecheck on every stepN at tail shapes (D = 32, 64, 80, 96, 128), and at D = 64
-#              in bf16 and with 130 keys for 65 queries (cross-attention), with a key-padding mask
-#              there and at 33 x 200 keys, D = 32, where the step takes them (n/a with its refusal
-#              where not)                                              -> sanitizer.log, sanitizer/
+#   sanitizer  ctest -L sanitizer (a build configured with -DATTN_SANITIZER_TESTS=ON):
+#              memcheck + racecheck on every stepN at tail shapes (D = 32, 64, 80, 96, 128), in
+#              bf16, with 130 keys for 65 queries, the key-padding and causal masks, each skipped
+#              with the step's refusal where it does not serve it (tests/sanitize.sh)
+#                                                                        -> sanitizer.log, sanitizer/
 #   bench      N = 197,577,1025 (all steps, baselines), then N = 2049..16385 for the steps
 #              with no N limit (v0 excluded)                             -> bench_vit.csv, bench_long.csv
 #   lse        the forward with and without L, the log-sum-exp a backward pass needs (bench and
@@ -347,118 +348,30 @@ stage_planted() {
   return "$rc"
 }
 
-# One sanitizer run; its result is one line in $result_file: "step tool shape result".
-sanitize_one() {
-  local sanitizer=$1 binary=$2 tool=$3 shape_name=$4 result_file=$5
-  shift 5
-  local step log rc=0 result
-  step=$(basename "$binary")
-  log="$OUTDIR/sanitizer/${step}_${tool}_${shape_name}.log"
-  # --no-ceilings: the step runs without the big cuBLAS GEMM and 1 GiB copy that measure the
-  # GPU's ceilings (far too slow under the sanitizer, and racecheck crashes inside cuBLAS's
-  # sm_90 GEMM on the H100), so every kernel that runs is the step's own or the harness's.
-  timeout "$(limit 600)" "$sanitizer" --tool "$tool" --error-exitcode 86 \
-    "$binary" --batch 2 --heads 3 --iters 1 --warmup 0 --check full --no-ceilings "$@" \
-    > "$log" 2>&1 || rc=$?
-  local clean_line='ERROR SUMMARY: 0 errors'
-  [ "$tool" = racecheck ] && clean_line='RACECHECK SUMMARY: 0 hazards'
-  # The step's one-line refusal (exit 2; compute-sanitizer reports it as 255 on the H100): a
-  # head dim, N, dtype or N_k it does not serve, or a GPU outside its compute capability range.
-  # Nothing ran, so there is nothing to check: n/a, with the reason.
-  local refusal
-  refusal=$(grep -m 1 -E "^$step: .*(does not serve|needs a GPU of compute capability)" "$log" || true)
-  if [ "$rc" -ne 0 ] && [ -n "$refusal" ]; then
-    result="n/a (refused: ${refusal#"$step: "})"
-  elif [ "$rc" -eq 0 ] && grep -q "$clean_line" "$log"; then
-    result="clean"
-  elif [ "$rc" -eq 124 ]; then
-    result="FAILED (timed out)"
-  else
-    local summary
-    summary=$(grep -m 1 -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$log" | sed 's/^=* *//' || true)
-    result="FAILED (exit $rc${summary:+; $summary})"
-  fi
-  printf '%-8s %-10s %-22s %s\n' "$step" "$tool" "$shape_name" "$result" >> "$result_file"
-}
-
-# Runs "$@" in the background once fewer than SANITIZER_JOBS of this shell's jobs are running.
-in_pool() {
-  while [ "$(jobs -rp | wc -l)" -ge "$SANITIZER_JOBS" ]; do wait -n || true; done
-  "$@" &
-}
-
+# compute-sanitizer's memcheck and racecheck on every step: the build's `sanitizer` tests
+# (tests/sanitize.sh, registered with -DATTN_SANITIZER_TESTS=ON), SANITIZER_JOBS at once. Each
+# writes its log under sanitizer/ and one line "step tool shape result" into the results table.
 stage_sanitizer() {
   require_build || return 1
+  grep -q '^ATTN_SANITIZER_TESTS:BOOL=ON' "$BUILD_DIR/CMakeCache.txt" 2>/dev/null ||
+    { echo "$BUILD_DIR has no sanitizer tests: configure it with -DATTN_SANITIZER_TESTS=ON"; return 1; }
   local sanitizer
   sanitizer=$(find_tool compute-sanitizer "${COMPUTE_SANITIZER:-}") ||
     { echo "compute-sanitizer not found (set COMPUTE_SANITIZER=/path/to/compute-sanitizer)"; return 1; }
   mkdir -p "$OUTDIR/sanitizer"
-  local results="$OUTDIR/sanitizer/results.txt"
+  local results="$OUTDIR/sanitizer/results.txt" rc=0
   : > "$results"
-  local head_dims=""
-  if [ -x "$BUILD_DIR/bench" ]; then
-    head_dims=$(bench_list 2>/dev/null | awk -F'\t' '{print $1 "\t" $3}') || head_dims=""
-  fi
-
-  # The shapes every step is asked for, as "name|flags": a step that does not take one (bf16,
-  # cross-attention, a mask) refuses it, which is n/a with its reason.
-  local shapes=(
-    "N65_B2_H3_D64|--tokens 65"
-    "N65_B2_H3_D64_bf16|--tokens 65 --dtype bf16"
-    "N65_Nk130_B2_H3_D64|--tokens 65 --kv-tokens 130"
-    # The key-padding mask, in cross-attention at D = 64 and at DETR's head dim, 32.
-    "N65_Nk130_B2_H3_D64_padded|--tokens 65 --kv-tokens 130 --key-padding"
-    "N33_Nk200_B2_H3_D32_padded|--tokens 33 --kv-tokens 200 --head-dim 32 --key-padding"
-    # The causal mask: top left at a tail, bottom right with fewer queries than keys and with
-    # more (rows that see no key), with the key-padding mask.
-    "N130_B2_H3_D64_causal|--tokens 130 --causal"
-    "N65_Nk130_B2_H3_D64_causal_br|--tokens 65 --kv-tokens 130 --causal --causal-align bottom-right"
-    "N200_Nk65_B2_H3_D64_causal_br_padded|--tokens 200 --kv-tokens 65 --causal --causal-align bottom-right --key-padding"
-  )
-  # Besides those, a tail at each other head dim a step may serve: N = 33 at D = 32, N = 17 at
-  # D = 80, N = 65 at D = 96 (step 8's 32-column tiles), N = 130 at D = 128; asked only of the
-  # steps that serve the head dim (bench --list), the others get n/a.
-  local extra_shapes=("32 33" "80 17" "96 65" "128 130")
-  local binary id tool count=0 head_dim tokens shape serves
-  while read -r binary; do
-    count=$((count + 1))
-    # The kernel filter matches nothing if no kernel name holds "attention": then the sanitizer
-    # would check nothing and still print 0 errors. Refuse that instead of passing it.
-    if ! grep -aqE '_Z[A-Za-z0-9_]*attention' "$binary"; then
-      printf '%-8s %-10s %-22s %s\n' "$(basename "$binary")" all all \
-        "FAILED (no kernel name contains 'attention': the kernel filter would check nothing)" >> "$results"
-      continue
-    fi
-    id=v${binary##*/step}
-    for tool in memcheck racecheck; do
-      for shape in "${shapes[@]}"; do
-        # shellcheck disable=SC2086  # the flags split into words
-        in_pool sanitize_one "$sanitizer" "$binary" "$tool" "${shape%%|*}" "$results" ${shape#*|}
-      done
-      for shape in "${extra_shapes[@]}"; do
-        read -r head_dim tokens <<< "$shape"
-        serves=yes  # unknown: try it, a refusal (exit 2) is n/a
-        if [ -n "$head_dims" ]; then
-          serves=no
-          awk -F'\t' -v id="$id" -v d="$head_dim" '$1 == id && ("," $2 ",") ~ ("," d ",") { found = 1 } END { exit !found }' \
-            <<< "$head_dims" && serves=yes
-        fi
-        if [ "$serves" = yes ]; then
-          in_pool sanitize_one "$sanitizer" "$binary" "$tool" "N${tokens}_B2_H3_D${head_dim}" "$results" \
-            --tokens "$tokens" --head-dim "$head_dim"
-        else
-          printf '%-8s %-10s %-22s %s\n' "$(basename "$binary")" "$tool" "N${tokens}_B2_H3_D${head_dim}" \
-            "n/a ($id does not serve head dim $head_dim per bench --list)" >> "$results"
-        fi
-      done
-    done
-  done < <(step_binaries)
-  wait
-  [ "$count" -gt 0 ] || { echo "no step executables in $BUILD_DIR"; return 1; }
+  COMPUTE_SANITIZER="$sanitizer" ATTN_SANITIZER_LOGS="$OUTDIR/sanitizer" ATTN_SANITIZER_RESULTS="$results" \
+    SANITIZER_TIMEOUT_S="$(limit 600)" timeout "$(limit 1800)" \
+    ctest --test-dir "$BUILD_DIR" -L sanitizer --parallel "$SANITIZER_JOBS" --timeout "$(limit 900)" \
+    > "$OUTDIR/sanitizer/ctest.log" 2>&1 || rc=$?
+  [ -s "$results" ] || { echo "no sanitizer test ran (ctest exit $rc; $OUTDIR/sanitizer/ctest.log)"; return 1; }
   printf '%-8s %-10s %-22s %s\n' step tool shape result
   sort -V "$results"
-  echo "(logs: $OUTDIR/sanitizer/<step>_<tool>_<shape>.log)"
-  ! grep -q 'FAILED' "$results"
+  echo "(logs: $OUTDIR/sanitizer/<step>_<tool>_<shape>.log; ctest's: sanitizer/ctest.log)"
+  # No GPU, or no sanitizer, skips every test: with a GPU every run must check something.
+  if grep -q 'SKIPPED: no' "$results"; then echo "FAILED: sanitizer runs skipped with no GPU or no sanitizer"; return 1; fi
+  [ "$rc" -eq 0 ] && ! grep -q 'FAILED' "$results"
 }
 
 stage_bench() {

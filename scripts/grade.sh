@@ -11,7 +11,7 @@
 # For each step: configures and builds in its own build folder (only the graded steps, and the
 # forward step a backward step runs first: -DATTN_STEPS), runs `ctest -L stepN`, runs
 # compute-sanitizer memcheck and racecheck on stepN at a small tail shape, for a Hopper step
-# (one that includes steps/hopper/) runs its GPU suite again in the checked build of the
+# (ARCH 90a in its step.cmake) runs its GPU suite again in the checked build of the
 # asynchronous pipeline (a second folder, DIR-checked, configured with
 # -DATTN_CHECKED_PIPELINE=ON: a race the sanitizer cannot see fails there with the rule it
 # broke), and, when the step is built from a student's file, times it against the shipped
@@ -62,8 +62,9 @@ done
 [ "${#available_steps[@]}" -gt 0 ] || fail_runtime "no steps/vN_*/ folders in $repo_root"
 mapfile -t available_steps < <(printf '%s\n' "${available_steps[@]}" | sort -n)
 is_step() { printf '%s\n' "${available_steps[@]}" | grep -qx "$1"; }
-# A Hopper step: its shipped file includes the pipeline of steps/hopper/, which has a checked build.
-is_hopper_step() { grep -q '^#include "hopper/' "$repo_root"/steps/v"$1"_*/*.cu; }
+# A Hopper step: its step.cmake says ARCH 90a (sm_90a code: the pipeline of steps/hopper/, which
+# has a checked build).
+is_hopper_step() { [ "$("$repo_root/scripts/step-facts.sh" "$(dirname "$repo_root"/steps/v"$1"_*/step.cmake)" | head -1)" = 90a ]; }
 
 build_dir="$repo_root/build-grade"
 json_path=""
