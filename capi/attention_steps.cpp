@@ -15,11 +15,13 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <exception>
 #include <initializer_list>
 #include <map>
 #include <mutex>
 #include <new>
+#include <optional>
 #include <string>
 #include <tuple>
 
@@ -144,6 +146,25 @@ attn::DeviceLimits limits_of(int device) {
     found = known.emplace(device, attn::describe_device(device).limits()).first;
   }
   return found->second;
+}
+
+// A GPU of compute capability `capability` as refuses() judges one: its usual opt-in shared memory
+// per block (kSharedBudgets, the table of bench --gpu-table), no GPU needed.
+attn::DeviceLimits limits_of_capability(int capability) {
+  std::string known;
+  for (const attn::SharedBudget& budget : attn::kSharedBudgets) {
+    for (int each : budget.capabilities) {
+      if (each == 0) break;
+      if (each == capability) {
+        return {"a GPU of compute capability " + attn::compute_capability_text(capability) + " (" +
+                    budget.gpus + ")",
+                capability, budget.bytes};
+      }
+      known += (known.empty() ? "" : ", ") + std::to_string(each);
+    }
+  }
+  throw Refused{"compute_capability " + std::to_string(capability) + ": not a GPU this library "
+                "knows the shared memory of (" + known + "; 0: the current GPU)"};
 }
 
 std::string address(const void* pointer) {
@@ -655,6 +676,46 @@ int attn_run_with_log_sum_exp(const char* id, const void* q, const void* k, cons
   if (qkv_strides != nullptr) call.qkv_strides = *qkv_strides;
   if (o_strides != nullptr) call.o_strides = *o_strides;
   return attn_launch(id, &call, message, message_size);
+}
+
+int attn_choose_step(const attn_call* call, char* id, std::size_t id_size, char* message,
+                     std::size_t message_size) {
+  return guarded(message, message_size, [&] {
+    if (call == nullptr) throw Refused{"call is NULL"};
+    if (id == nullptr || id_size < 2) throw Refused{"id is NULL or has no room for a step id"};
+    attn::Shape shape =
+        with_dtype(shape_of(call->batch, call->heads, call->tokens, call->head_dim), call->dtype);
+    if (call->kv_tokens != 0) shape.kv_tokens = shape_of(1, 1, call->kv_tokens, 1).tokens;
+    shape.key_padding = call->key_padding_mask != 0;
+    shape.causal = causal_of(call->causal);
+    const attn::DeviceLimits device = call->compute_capability > 0
+                                          ? limits_of_capability(call->compute_capability)
+                                          : limits_of(current_device());
+    const attn::StepInfo* chosen = nullptr;
+    std::string reasons;
+    for (const attn::StepInfo& step : attn::registered_steps()) {  // v0, v1, ..., v10: in order
+      const bool numbered = step.id.size() > 1 && step.id[0] == 'v' &&
+                            std::all_of(step.id.begin() + 1, step.id.end(), [](char c) { return c >= '0' && c <= '9'; });
+      const bool direction = call->backward != 0 ? attn::is_backward(step.kind)
+                                                 : !attn::is_backward(step.kind) && step.writes_log_sum_exp;
+      if (attn::is_baseline(step.kind) || !numbered || !direction) continue;
+      std::optional<std::string> reason = step.refuses(shape, device);
+      if (!reason && call->backward != 0 && call->deterministic != 0 && !step.has_deterministic_mode) {
+        reason = step.id + " has no deterministic mode";
+      }
+      if (reason) {
+        reasons += "; " + *reason;
+      } else {
+        chosen = &step;
+      }
+    }
+    if (chosen == nullptr) {
+      throw Refused{std::string("no ") + (call->backward != 0 ? "backward step" : "forward step that writes L") +
+                    " serves this call on " + device.name + (reasons.empty() ? "" : ": " + reasons.substr(2))};
+    }
+    if (chosen->id.size() + 1 > id_size) throw Refused{"id has no room for '" + chosen->id + "'"};
+    std::memcpy(id, chosen->id.c_str(), chosen->id.size() + 1);
+  });
 }
 
 }  // extern "C"

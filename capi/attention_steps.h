@@ -35,7 +35,7 @@ extern "C" {
 #endif
 
 /* Bumped when a signature or a struct below changes. */
-#define ATTN_ABI_VERSION 6
+#define ATTN_ABI_VERSION 7
 
 #define ATTN_OK 0
 #define ATTN_REFUSED 2
@@ -238,6 +238,28 @@ typedef struct attn_backward_args {
 /* Runs backward step `id`; refuses a forward step. Queued on the stream, like attn_launch. */
 int attn_launch_backward(const char* id, const attn_backward_args* args, char* message,
                          size_t message_size);
+
+/* A call to serve, for attn_choose_step: its direction, shape, dtype and masks, and the GPU. */
+typedef struct attn_call {
+  int backward;            /* 0: the forward, by a step that writes L (autograd needs it);
+                              1: the backward (dQ, dK, dV) */
+  int64_t batch, heads, tokens, head_dim;
+  int64_t kv_tokens;       /* keys, N_k; 0: as many as tokens */
+  int dtype;               /* ATTN_DTYPE_FP16 or ATTN_DTYPE_BF16 */
+  int key_padding_mask;    /* 1: the call has a key-padding mask */
+  int causal;              /* ATTN_CAUSAL_* */
+  int deterministic;       /* 1: a backward in its deterministic mode */
+  int compute_capability;  /* 0: the current GPU (its shared memory too); else a GPU of this
+                              compute capability with its usual opt-in shared memory per block
+                              (75, 80, 86, 89, 90, 120), which needs no GPU here */
+} attn_call;
+
+/* Which step serves `call` on the GPU, the one question every layer above asks (the operator,
+ * the SDPA entry, the module swaps): the highest-numbered step that serves it, a forward step that
+ * writes L or a backward step, never a baseline or a speed reference. Its id is written into
+ * `id` (id_size bytes). ATTN_REFUSED when none does, with each candidate's reason. */
+int attn_choose_step(const attn_call* call, char* id, size_t id_size, char* message,
+                     size_t message_size);
 
 #ifdef __cplusplus
 }

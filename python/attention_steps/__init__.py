@@ -45,7 +45,7 @@ def _torch_installed():
 __all__ = ["ABI_VERSION", "OK", "REFUSED", "CUDA_ERROR", "ENVIRONMENT_VARIABLE",
            "AttentionStepsError", "CudaError", "StepRefused", "LibraryNotFoundError",
            "DeviceInfo", "StepInfo", "Library", "load_library", "list_steps", "device_info",
-           "check", "refusal", "max_tokens", "shared_bytes", "workspace_bytes",
+           "check", "refusal", "max_tokens", "shared_bytes", "workspace_bytes", "choose_step",
            *(_TORCH_NAMES if _torch_installed() else [])]
 
 
@@ -82,6 +82,14 @@ def shared_bytes(step, tokens, head_dim, library=None):
 def workspace_bytes(step, shape, library=None):
     """Scratch device memory `step` needs at shape (B, H, N, D); 0 for most steps."""
     return (library or load_library()).workspace_bytes(step, shape)
+
+
+def choose_step(shape, *, backward=False, library=None, **call):
+    """The step that serves a call of shape (B, H, N, D) here (or on a GPU of
+    compute_capability=...): the highest-numbered forward step that writes L, or backward step,
+    that serves its dtype, kv_tokens, key_padding_mask, causal and deterministic; StepRefused
+    with each candidate's reason when none does. The one answer every layer asks for."""
+    return (library or load_library()).choose_step(shape, backward=backward, **call)
 
 
 def __getattr__(name):

@@ -24,7 +24,7 @@ from typing import Optional, Sequence, Tuple
 
 LIBRARY_NAME = "libattention_steps.so"
 ENVIRONMENT_VARIABLE = "ATTENTION_STEPS_LIBRARY"
-ABI_VERSION = 6          # capi/attention_steps.h: ATTN_ABI_VERSION
+ABI_VERSION = 7          # capi/attention_steps.h: ATTN_ABI_VERSION
 OK, REFUSED, CUDA_ERROR = 0, 2, 3
 MAX_HEAD_DIMS = 8        # ATTN_MAX_HEAD_DIMS
 MESSAGE_BYTES = 1024
@@ -122,6 +122,16 @@ class _LaunchArgsStruct(ctypes.Structure):  # attn_launch_args
     ]
 
 
+class _CallStruct(ctypes.Structure):  # attn_call
+    _fields_ = [
+        ("backward", ctypes.c_int),
+        ("batch", ctypes.c_int64), ("heads", ctypes.c_int64), ("tokens", ctypes.c_int64),
+        ("head_dim", ctypes.c_int64), ("kv_tokens", ctypes.c_int64),
+        ("dtype", ctypes.c_int), ("key_padding_mask", ctypes.c_int), ("causal", ctypes.c_int),
+        ("deterministic", ctypes.c_int), ("compute_capability", ctypes.c_int),
+    ]
+
+
 # capi/attention_steps.h: ATTN_CAUSAL_NONE, ATTN_CAUSAL_TOP_LEFT, ATTN_CAUSAL_BOTTOM_RIGHT.
 CAUSAL_ALIGNMENTS = {None: 0, "top-left": 1, "bottom-right": 2}
 
@@ -138,6 +148,7 @@ _SIGNATURES = {
     "attn_workspace_bytes": [_char_p, _i64, _i64, _i64, _i64, ctypes.POINTER(_size), _char_p,
                              _size],
     "attn_launch": [_char_p, ctypes.POINTER(_LaunchArgsStruct), _char_p, _size],
+    "attn_choose_step": [ctypes.POINTER(_CallStruct), _char_p, _size, _char_p, _size],
 }
 
 
@@ -290,6 +301,25 @@ class Library:
         except (StepRefused, CudaError) as refused:
             return str(refused)
         return None
+
+    def choose_step(self, shape, *, backward=False, kv_tokens=None, dtype="fp16",
+                    key_padding_mask=False, causal=None, deterministic=False,
+                    compute_capability=None) -> str:
+        """The step that serves the call on the current GPU (or on a GPU of compute_capability,
+        which needs no GPU here): the highest-numbered that does, a forward step that writes L or
+        a backward step. Raises StepRefused with each candidate's reason when none does."""
+        if dtype not in ("fp16", "bf16"):
+            raise ValueError(f"dtype must be 'fp16' or 'bf16', not {dtype!r}")
+        if causal not in CAUSAL_ALIGNMENTS:
+            raise ValueError(f"causal must be one of {sorted(map(str, CAUSAL_ALIGNMENTS))}, not {causal!r}")
+        batch, heads, tokens, head_dim = _shape(shape)
+        call = _CallStruct(int(bool(backward)), batch, heads, tokens, head_dim,
+                           0 if kv_tokens is None else int(kv_tokens), int(dtype == "bf16"),
+                           int(bool(key_padding_mask)), CAUSAL_ALIGNMENTS[causal],
+                           int(bool(deterministic)), int(compute_capability or 0))
+        chosen = ctypes.create_string_buffer(64)
+        self._call("attn_choose_step", ctypes.byref(call), chosen, 64)
+        return chosen.value.decode()
 
     def workspace_bytes(self, step, shape):
         result = _size()

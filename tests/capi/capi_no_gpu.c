@@ -233,6 +233,76 @@ int main(void) {
     }
   }
 
+  /* Which step serves a call: asked for a GPU by its compute capability, no GPU needed. The
+   * expected answer is found here the slow way, from the listing: the highest-numbered step
+   * (id vN) of the right direction whose head dims, GPU range and shared memory admit the call
+   * (the opt-in shared memory per block of a T4, an A100, an RTX 30xx, an H100). */
+  {
+    static const int capabilities[] = {75, 80, 86, 90};
+    static const size_t shared_budgets[] = {65536, 166912, 101376, 232448};
+    static const int head_dims[] = {64, 128, 48};
+    int c, h, backward;
+    for (backward = 0; backward <= 1; ++backward) {
+      for (c = 0; c < 4; ++c) {
+        for (h = 0; h < 3; ++h) {
+          attn_call call;
+          char chosen[32] = "", expected[32] = "", what[200];
+          int status, d, serves_d;
+          memset(&call, 0, sizeof call);
+          call.backward = backward;
+          call.batch = 1;
+          call.heads = 1;
+          call.tokens = 197;
+          call.head_dim = head_dims[h];
+          call.compute_capability = capabilities[c];
+          for (i = 0; i < count; ++i) {
+            if (attn_step_get(i, &info) != ATTN_OK || info.is_baseline || info.id[0] != 'v' ||
+                strspn(info.id + 1, "0123456789") != strlen(info.id + 1) ||
+                info.is_backward != backward || (!backward && !info.writes_log_sum_exp)) {
+              continue;
+            }
+            size_t shared = 0;
+            serves_d = 0;
+            for (d = 0; d < info.head_dim_count; ++d) serves_d |= info.head_dims[d] == head_dims[h];
+            if (serves_d && (attn_shared_bytes(info.id, 197, head_dims[h], &shared, message, sizeof message) != ATTN_OK ||
+                             shared > shared_budgets[c])) {
+              serves_d = 0;
+            }
+            if (serves_d && capabilities[c] >= info.min_compute_capability &&
+                (info.max_compute_capability == 0 || capabilities[c] <= info.max_compute_capability)) {
+              snprintf(expected, sizeof expected, "%s", info.id);  /* listed in order: the last wins */
+            }
+          }
+          status = attn_choose_step(&call, chosen, sizeof chosen, message, sizeof message);
+          snprintf(what, sizeof what, "attn_choose_step: the %s at D = %d on compute capability %d is %s",
+                   backward ? "backward" : "forward", head_dims[h], capabilities[c],
+                   expected[0] ? expected : "refused");
+          if (expected[0]) {
+            expect(status == ATTN_OK && strcmp(chosen, expected) == 0, what, message);
+          } else {
+            expect_answer(status, ATTN_REFUSED, message, "serves this call", what);
+          }
+        }
+      }
+    }
+    {
+      attn_call call;
+      char chosen[32];
+      memset(&call, 0, sizeof call);
+      call.batch = call.heads = 1;
+      call.tokens = 197;
+      call.head_dim = 64;
+      call.compute_capability = 61;
+      expect_answer(attn_choose_step(&call, chosen, sizeof chosen, message, sizeof message),
+                    ATTN_REFUSED, message, "not a GPU this library knows",
+                    "attn_choose_step refuses a compute capability it has no shared memory for");
+      call.compute_capability = 90;
+      call.causal = 7;
+      expect_answer(attn_choose_step(&call, chosen, sizeof chosen, message, sizeof message),
+                    ATTN_REFUSED, message, "causal 7", "attn_choose_step refuses a causal value");
+    }
+  }
+
   printf("%d passed, %d failed\n", passed, failed);
   return failed == 0 ? 0 : 1;
 }

@@ -112,6 +112,38 @@ class Listing(unittest.TestCase):
             self.assertGreater(steps.shared_bytes(with_shared[0].id, 197, 64), 0)
 
 
+class Choice(unittest.TestCase):
+    """attn_choose_step for a GPU named by its compute capability: no GPU needed."""
+
+    def listed(self, step_id):
+        return any(info.id == step_id for info in steps.list_steps())
+
+    def test_the_highest_numbered_step_that_serves(self):
+        for capability, forward, backward in ((90, "v8", "v10"), (80, "v6", "v9")):
+            if self.listed(forward):
+                self.assertEqual(steps.choose_step((8, 12, 4097, 64), compute_capability=capability), forward)
+            if self.listed(backward):
+                self.assertEqual(steps.choose_step((8, 12, 4097, 64), backward=True,
+                                                   compute_capability=capability), backward)
+
+    def test_masks_dtype_and_cross_attention_narrow_the_choice(self):
+        if not self.listed("v8"):
+            self.skipTest("v8 is not in this build")
+        self.assertEqual(steps.choose_step((2, 3, 65, 64), kv_tokens=130, key_padding_mask=True,
+                                           causal="bottom-right", dtype="bf16",
+                                           compute_capability=90), "v8")
+        with self.assertRaisesRegex(steps.StepRefused, "does not serve --kv-tokens 130"):
+            steps.choose_step((2, 3, 65, 64), kv_tokens=130, backward=True, compute_capability=90)
+
+    def test_none_serves(self):
+        with self.assertRaisesRegex(steps.StepRefused, "no forward step that writes L serves"):
+            steps.choose_step((1, 1, 64, 48), compute_capability=90)
+        with self.assertRaisesRegex(steps.StepRefused, "not a GPU this library knows"):
+            steps.choose_step((1, 1, 64, 64), compute_capability=61)
+        with self.assertRaises(ValueError):
+            steps.choose_step((1, 1, 64, 64), dtype="fp32", compute_capability=90)
+
+
 class Refusals(unittest.TestCase):
     def test_unknown_step(self):
         with self.assertRaisesRegex(steps.StepRefused, "unknown step 'v99'") as caught:
