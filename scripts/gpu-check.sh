@@ -60,7 +60,8 @@
 #                        stage/planted)
 #   PLANTED_ONLY         the planted bugs to run, as plant_bugs.py --only takes them (default: all)
 #   PLANTED_JOBS         planted copies' suites run at once (default 4)
-#   LSE_STEPS            the steps the lse stage times (default: v6,v7,v8, those that write L)
+#   LSE_STEPS            the steps the lse stage times (default: the forward steps that write L,
+#                        from the library's registrations)
 #   LSE_WINDOWS          its alternating windows (default 2)
 #   STAGES               default: info tests checked planted sanitizer bench lse profile pytorch torch backward training models vit
 #   TORCH_OP_ARGS        more arguments for scripts/torch_op_bench.py (e.g. --sizes 224 --parts host)
@@ -109,7 +110,7 @@ CHECKED_STEPS=${CHECKED_STEPS:-}
 PLANTED_DIR=${PLANTED_DIR:-stage/planted}
 PLANTED_ONLY=${PLANTED_ONLY:-}
 PLANTED_JOBS=${PLANTED_JOBS:-4}
-LSE_STEPS=${LSE_STEPS:-v6,v7,v8}
+LSE_STEPS=${LSE_STEPS:-}
 LSE_WINDOWS=${LSE_WINDOWS:-2}
 PYTHON=${PYTHON:-python3}
 SANITIZER_JOBS=${SANITIZER_JOBS:-4}

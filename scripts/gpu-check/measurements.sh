@@ -60,6 +60,11 @@ stage_bench() {
 stage_lse() {
   require_build bench || return 1
   local csv="$OUTDIR/lse.csv" part="$OUTDIR/lse_part.csv" window mode rc failed=0
+  if [ -z "$LSE_STEPS" ]; then  # the forward steps that write L, as their registrations say
+    LSE_STEPS=$(ATTENTION_STEPS_LIBRARY="$BUILD_DIR/libattention_steps.so" PYTHONPATH="$repo_root/python" \
+      "$PYTHON" -c 'import attention_steps as s; print(",".join(i.id for i in s.list_steps() if i.writes_log_sum_exp and not i.is_baseline and not i.is_backward))') ||
+      { echo "could not list the steps that write L (set LSE_STEPS)"; return 1; }
+  fi
   echo "## $LSE_STEPS at N = 197,577,1025, D = 64,128: without L, then with it; $LSE_WINDOWS windows"
   : > "$csv"
   for window in $(seq 1 "$LSE_WINDOWS"); do
