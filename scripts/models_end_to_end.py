@@ -53,10 +53,8 @@ import argparse
 import copy
 import csv
 import gc
-import importlib.util
 import math
 import os
-import pathlib
 import statistics
 import subprocess
 import sys
@@ -69,15 +67,6 @@ FIELDS = ["model", "batch", "mode", "implementation", "median_ms", "low_ms", "hi
           "forwards_per_window", "items_per_s", "vs_stock", "vs_stock_low", "vs_stock_high",
           "attention_calls", "attention_ms", "attention_share", "attention_kernel",
           "attention_kernel_ms", "profiled_gpu_ms", "check", "note"]
-
-
-def load_vit_end_to_end():
-    """scripts/vit_end_to_end.py, for its kernel categories and its profiler (one home for both)."""
-    path = pathlib.Path(__file__).resolve().parent / "vit_end_to_end.py"
-    spec = importlib.util.spec_from_file_location("vit_end_to_end", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def build(torch, torchvision, name, seed):
@@ -286,7 +275,9 @@ def main(argv=None):
     import torch
     import torchvision
     from attention_steps import mha, torch_op
-    profiling = load_vit_end_to_end()
+    # scripts/vit_end_to_end.py, a module beside this one (python puts scripts/ on the path):
+    # its kernel categories and its profiler have one home.
+    import vit_end_to_end as profiling
     if not torch.cuda.is_available():
         print("torch sees no CUDA device: nothing measured", file=sys.stderr)
         return 3
