@@ -454,10 +454,8 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       q_ring.release(q_use, lane, groups);
     } else {
       // Visit 0 is the last K/V tile: the only one that can hold keys past N_k (their K rows are
-      // TMA's zeros), which get -inf, so p = 0. Under the causal mask the first visits, to the
-      // tiles from mask.first_partial_tile on, hold the keys past the diagonal as well: counted
-      // for the warp's own 16 rows, a warp masks only the tiles its diagonal crosses (one or two
-      // of 208 keys where the work tile's 128 rows cross two or three).
+      // TMA's zeros), which get -inf, so p = 0. Under the causal mask the first visits, from the
+      // first_partial_tile of the warp's own 16 rows on, hold keys past its rows' diagonal too.
       const int partial_visits = kv_tiles - mask.first_partial_tile(my_row0 + warp * 16, kBlockN);
       auto fetched = masks.fetch_padding(kv_tiles - 1);
       k_ring.wait_full(kv_use);
