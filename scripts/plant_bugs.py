@@ -22,6 +22,7 @@ look), 2 on a usage error, 3 when building or running could not be done.
 import argparse
 import concurrent.futures
 import csv
+import functools
 import os
 import re
 import shutil
@@ -33,11 +34,13 @@ from dataclasses import dataclass, field
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+@functools.lru_cache(maxsize=None)
 def step_facts(folder):
-    """steps/<folder>/step.cmake's attn_step_facts (CMakeLists.txt): ARCH, and FORWARD or ""."""
-    text = open(os.path.join(REPO, "steps", folder, "step.cmake")).read()
-    forward = re.search(r"FORWARD\s+(v\d+)", text)
-    return re.search(r"ARCH\s+(\w+)", text).group(1), forward.group(1) if forward else ""
+    """How add_step() compiles steps/<folder>/ (scripts/step-facts.sh reads its step.cmake): the
+    architecture ("90a" or "90") and the -D flags of the registration's facts."""
+    lines = subprocess.run([os.path.join(REPO, "scripts", "step-facts.sh"), os.path.join(REPO, "steps", folder)],
+                           capture_output=True, text=True, check=True).stdout.split()
+    return lines[0], tuple(lines[1:])
 
 
 @dataclass
@@ -52,19 +55,17 @@ class Bug:
     target: str = ""      # a test case built to catch this bug, run on its own as well
 
     @property
-    def hopper(self):
-        return step_facts(self.folder)[0] == "90a"
+    def arch(self):
+        return step_facts(self.folder)[0]
 
     @property
-    def arch(self):
-        return "90a" if self.hopper else "90"
+    def hopper(self):
+        return self.arch == "90a"
 
     @property
     def facts_defines(self):
         """What add_step() passes a step's compile from its step.cmake, for the registration."""
-        arch, forward = step_facts(self.folder)
-        low, high = (90, 90) if arch == "90a" else (int(arch), 0)
-        return [f"-DATTN_STEP_MIN_CC={low}", f"-DATTN_STEP_MAX_CC={high}", f'-DATTN_STEP_FORWARD="{forward}"']
+        return list(step_facts(self.folder)[1])
 
 
 V0, V6, V7, V8, V9 = "v0_naive", "v6_flash", "v7_tma_wgmma", "v8_warp_specialized", "v9_flash_backward"

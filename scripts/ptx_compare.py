@@ -98,11 +98,12 @@ def main():
                 print(f"ptx_compare.py: {step}: no single kernel file now ({len(now)}) or at "
                       f"{args.commit} ({len(then)})", file=sys.stderr)
                 return 2
-            # sm_90a where the step folder's step.cmake says ARCH 90a (now or then); a commit
-            # before step.cmake, where the file uses wgmma or setmaxnreg.
-            facts = glob.glob(f"{REPO}/steps/{step}_*/step.cmake") + glob.glob(f"{work}/steps/{step}_*/step.cmake")
-            hopper = any(re.search(r"ARCH\s+90a", open(path).read()) for path in facts) or \
-                (len(facts) < 2 and any(re.search(r"wgmma|setmaxnreg", open(path).read()) for path in now + then))
+            # sm_90a where the step folder's step.cmake says so (scripts/step-facts.sh), now or
+            # then; at a commit before step.cmake, where the file uses wgmma or setmaxnreg.
+            archs = [subprocess.run([f"{REPO}/scripts/step-facts.sh", os.path.dirname(path)],
+                                    capture_output=True, text=True).stdout.split()[:1] for path in now + then]
+            hopper = ["90a"] in archs or (not all(archs) and any(
+                re.search(r"wgmma|setmaxnreg", open(path).read()) for path in now + then))
             arch = "90a" if hopper else "90"
             compile_ptx(args.nvcc, then[0], f"{work}/steps", step, arch, f"{work}/{step}_then.ptx")
             compile_ptx(args.nvcc, now[0], f"{REPO}/steps", step, arch, f"{work}/{step}_now.ptx")

@@ -48,9 +48,11 @@ def check_hopper_steps(bench, root, problems):
         problems.append("bench --list names no step of compute capability 9.0")
         return
     declared = set()
-    for facts in glob.glob(os.path.join(root, "steps", "v*_*", "step.cmake")):
-        if re.search(r"ARCH\s+90a", open(facts).read()):
-            declared.add(int(re.match(r"v(\d+)_", os.path.basename(os.path.dirname(facts))).group(1)))
+    for folder in glob.glob(os.path.join(root, "steps", "v*_*")):
+        facts = subprocess.run([os.path.join(root, "scripts", "step-facts.sh"), folder],
+                               capture_output=True, text=True).stdout.split()
+        if facts[:1] == ["90a"]:
+            declared.add(int(re.match(r"v(\d+)_", os.path.basename(folder)).group(1)))
     if declared != hopper:
         problems.append(f"steps/*/step.cmake: ARCH 90a is declared for steps {sorted(declared)}, "
                         f"but bench --list puts {sorted(hopper)} on compute capability 9.0 alone")

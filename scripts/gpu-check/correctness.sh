@@ -48,6 +48,27 @@ stage_info() {
   fi
 }
 
+# The suites a ctest log reports skipped: with a GPU each must have run, except the suite of a
+# step whose compute capability range leaves this GPU out (skipped with its reason, neither
+# passed nor failed). Prints a line per skip; returns 0 (none), kPassedWithSkips (all of that
+# kind) or 1.
+judge_skips() {
+  local log=$1 name reason with_reason=0 without_reason=0
+  while read -r name; do
+    reason=""
+    [[ "$name" =~ ^(capi\.)?gpu\.(v[0-9]+)$ ]] && reason=$(suite_skip_reason "${BASH_REMATCH[2]}")
+    if is_capability_skip "$reason"; then
+      echo "skipped: $name: ${reason#SKIPPED: }"
+      with_reason=$((with_reason + 1))
+    else
+      echo "FAILED: $name was skipped${reason:+ (${reason#SKIPPED: })}; with a GPU it must run"
+      without_reason=$((without_reason + 1))
+    fi
+  done < <(sed -nE 's/.*Test +#[0-9]+: ([^ ]+) .*\*\*\*Skipped.*/\1/p' "$log")
+  [ "$without_reason" -eq 0 ] || return 1
+  [ "$with_reason" -eq 0 ] || return "$kPassedWithSkips"
+}
+
 stage_tests() {
   require_build gpu_tests || return 1
   local ctest_log
@@ -65,29 +86,16 @@ stage_tests() {
     # Several suites at once: they check correctness, nothing here is timed.
     timeout "$(limit 900)" ctest --test-dir "$BUILD_DIR" -L gpu --output-on-failure --timeout 600 \
       --parallel "$TEST_JOBS" "${junit[@]}" 2>&1 | tee "$ctest_log" || rc=$?
-    local not_run=0 name reason with_reason=0 without_reason=0
+    local not_run=0 skips=0
     grep -qE 'No tests were found|Not Run' "$ctest_log" && not_run=1
-    # With a GPU every GPU test must run, except the suite of a step whose compute capability
-    # range leaves this GPU out: that one is skipped with its reason, neither passed nor failed.
-    while read -r name; do
-      reason=""
-      [[ "$name" =~ ^(capi\.)?gpu\.(v[0-9]+)$ ]] && reason=$(suite_skip_reason "${BASH_REMATCH[2]}")
-      if is_capability_skip "$reason"; then
-        echo "skipped: $name: ${reason#SKIPPED: }"
-        with_reason=$((with_reason + 1))
-      else
-        echo "FAILED: $name was skipped${reason:+ (${reason#SKIPPED: })}; with a GPU it must run"
-        without_reason=$((without_reason + 1))
-      fi
-    done < <(sed -nE 's/.*Test +#[0-9]+: ([^ ]+) .*\*\*\*Skipped.*/\1/p' "$ctest_log")
+    judge_skips "$ctest_log" || skips=$?
     rm -f "$ctest_log"
     [ "$rc" -eq 0 ] || { echo "ctest failed (exit $rc)"; return 1; }
-    if [ "$not_run" -eq 1 ] || [ "$without_reason" -gt 0 ]; then
+    if [ "$not_run" -eq 1 ] || [ "$skips" -eq 1 ]; then
       echo "FAILED: some GPU tests did not run (not found, or skipped with no GPU); see above"
       return 1
     fi
-    [ "$with_reason" -eq 0 ] || return "$kPassedWithSkips"
-    return 0
+    return "$skips"
   fi
   if command -v ctest >/dev/null 2>&1; then
     echo "note: the build folder was made at '${recorded:-?}', not '$BUILD_DIR': running gpu_tests directly"
@@ -132,16 +140,7 @@ stage_checked() {
   grep -qE 'No tests were found|Not Run' "$log" && { echo "checked build: no suite ran ($log)"; return 1; }
   [ "$rc" -eq 0 ] || { echo "checked build: FAILED (ctest exit $rc; $log)"; return 1; }
   # A suite skipped on a GPU outside the step's range (not a Hopper GPU) passes with a skip.
-  if grep -q '\*\*\*Skipped' "$log"; then
-    local name reason failed=0
-    while read -r name; do
-      reason=$(suite_skip_reason "${name#gpu.}")
-      if is_capability_skip "$reason"; then echo "skipped: checked $name: ${reason#SKIPPED: }"
-      else echo "checked build: $name FAILED: skipped${reason:+ ($reason)}; on a GPU of its range it must run"; failed=1; fi
-    done < <(sed -nE 's/.*Test +#[0-9]+: ([^ ]+) .*\*\*\*Skipped.*/\1/p' "$log")
-    [ "$failed" -eq 0 ] || return 1
-    return "$kPassedWithSkips"
-  fi
+  judge_skips "$log"
 }
 
 stage_planted() {
