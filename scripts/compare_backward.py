@@ -28,6 +28,8 @@ import csv
 import statistics
 import sys
 
+import measuring
+
 SHAPES = [(32, 12, 197, 64), (32, 12, 577, 64), (32, 12, 1025, 64), (8, 12, 4097, 64),
           (8, 16, 4097, 128)]
 FIELDS = ["batch", "heads", "tokens", "head_dim", "implementation", "median_us", "low_us",
@@ -103,16 +105,11 @@ def main(argv=None):
         errors = {name: [((g.float() - w).norm() / w.norm()).item() for g, w in zip(calls[name](), want)]
                   for name in ("v9", "v10", "eager") if name in calls}
         windows = {name: [] for name in calls}
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         for window in range(args.windows + 1):  # the first round warms and is not kept
             for name, call in calls.items():
-                start.record()
-                for _ in range(args.calls):
-                    call()
-                end.record()
-                end.synchronize()
+                us = 1000 * measuring.window_ms(torch, call, args.calls)
                 if window > 0:
-                    windows[name].append(start.elapsed_time(end) * 1000 / args.calls)
+                    windows[name].append(us)
         medians = {name: statistics.median(values) for name, values in windows.items()}
         pairs = tokens * (tokens + 1) / 2.0 if args.causal else float(tokens) * tokens
         flops = 2.5 * 4.0 * batch * heads * pairs * head_dim

@@ -46,6 +46,7 @@ import argparse
 import contextlib
 import csv
 import datetime
+import functools
 import math
 import os
 import platform
@@ -53,6 +54,8 @@ import re
 import statistics
 import sys
 import warnings
+
+import measuring
 
 # harness/report.cpp, csv_header(): the rows must be interchangeable with the bench's (ctest's
 # cpu.csv_schema_shared compares this with `bench --csv-header`). The tolerances and counts below
@@ -157,23 +160,14 @@ class Bench:
         properties = torch.cuda.get_device_properties(self.device)
         self.gpu = properties.name
         self.l2_bytes = getattr(properties, "L2_cache_size", 50 * 2 ** 20)  # older torch: H100's
-        # A busy-wait kernel queued before the timed runs lets Python queue them all while the
-        # GPU is busy, so each event pair brackets GPU work, not Python's launch overhead (the
-        # bench does the same with hold_stream in harness/timing.cu).
-        self.sleep = getattr(torch.cuda, "_sleep", None)
 
     def _timed(self, launch, first, count):
-        torch = self.torch
-        starts = [torch.cuda.Event(enable_timing=True) for _ in range(count)]
-        stops = [torch.cuda.Event(enable_timing=True) for _ in range(count)]
-        if self.sleep is not None:
-            self.sleep(int(min(count * 100, 200_000) * 2_000))  # ~100 us a run at ~2 GHz, <= 0.2 s
-        for i in range(count):
-            starts[i].record()
-            launch(first + i)
-            stops[i].record()
-        torch.cuda.synchronize()
-        return [1000.0 * start.elapsed_time(stop) for start, stop in zip(starts, stops)]
+        """Microseconds of launch(first), ..., launch(first + count - 1), queued behind a
+        busy-wait of about 0.1 ms a run (at most 0.2 s) so that Python launch overhead is not
+        timed."""
+        runs = [functools.partial(launch, first + i) for i in range(count)]
+        return [1000.0 * ms for ms in measuring.each_call_ms(self.torch, runs,
+                                                             hold_ms=min(count * 0.1, 200.0))]
 
     def time(self, launch, warmup=WARMUP, iters=0):
         """launch(i) warmup times untimed, then timed; iters 0 picks the count like the bench."""

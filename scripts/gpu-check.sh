@@ -12,8 +12,9 @@
 #   checked    ctest -L checked: the GPU suites of the Hopper steps in the checked build of the
 #              asynchronous pipeline (CHECKED_BUILD_DIR, configured with -DATTN_CHECKED_PIPELINE=ON):
 #              the shipped steps break no protocol rule                  -> checked.log
-#   planted    scripts/plant_bugs.py --run-only on the copies built in PLANTED_DIR: every planted
-#              bug is caught by the normal suite or the checked build    -> planted.csv, planted.txt
+#   planted    ctest -L planted (a build configured with -DATTN_PLANTED_TESTS=ON): every bug of
+#              tests/planted_bugs.py is caught by the normal suite or the checked build
+#                                                                        -> planted.csv, planted.txt
 #   sanitizer  ctest -L sanitizer (a build configured with -DATTN_SANITIZER_TESTS=ON):
 #              memcheck + racecheck on every stepN at tail shapes (D = 32, 64, 80, 96, 128), in
 #              bf16, with 130 keys for 65 queries, the key-padding and causal masks, each skipped
@@ -56,10 +57,8 @@
 #   CHECKED_BUILD_DIR    the checked build's folder, gpu_tests built (default: build-checked)
 #   CHECKED_STEPS        the steps the checked stage runs (default: every suite labelled checked,
 #                        the sm_90a steps')
-#   PLANTED_DIR          where scripts/plant_bugs.py --build-only wrote its binaries (default:
-#                        stage/planted)
-#   PLANTED_ONLY         the planted bugs to run, as plant_bugs.py --only takes them (default: all)
-#   PLANTED_JOBS         planted copies' suites run at once (default 4)
+#   PLANTED_ONLY         the planted bugs to run, comma-separated ids (default: all)
+#   PLANTED_JOBS         planted copies run at once by ctest (default 4)
 #   LSE_STEPS            the steps the lse stage times (default: the forward steps that write L,
 #                        from the library's registrations)
 #   LSE_WINDOWS          its alternating windows (default 2)
@@ -107,7 +106,6 @@ BUILD_DIR=${BUILD_DIR:-build}
 CHECKED_BUILD_DIR=${CHECKED_BUILD_DIR:-build-checked}
 [ -d "$CHECKED_BUILD_DIR" ] && CHECKED_BUILD_DIR=$(cd "$CHECKED_BUILD_DIR" && pwd)
 CHECKED_STEPS=${CHECKED_STEPS:-}
-PLANTED_DIR=${PLANTED_DIR:-stage/planted}
 PLANTED_ONLY=${PLANTED_ONLY:-}
 PLANTED_JOBS=${PLANTED_JOBS:-4}
 LSE_STEPS=${LSE_STEPS:-}

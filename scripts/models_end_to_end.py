@@ -27,8 +27,8 @@ long, Python's garbage collector held off); a row holds the median of the window
 and highest, and vs_stock (stock's median time over this one's) with the lowest and highest of
 that ratio window by window (each window of stock beside the next of the swapped model, so that
 a drift in the machine's speed moves both). Every row also holds attention's share of the
-GPU time, from one forward under torch.profiler (its kernels sorted as scripts/vit_end_to_end.py
-sorts them: SDPA's for stock, the step's for the swapped model, and under torch.compile the
+GPU time, from one forward under torch.profiler (its kernels sorted by scripts/measuring.py, as for vit_end_to_end.py:
+SDPA's for stock, the step's for the swapped model, and under torch.compile the
 kernels Inductor names after them): the f of Amdahl's law, with the largest attention kernel's
 own time and the forward's kernel time in all (profiled_gpu_ms, to set beside median_ms). With
 --compiled, the same timing for both under torch.compile(mode="reduce-overhead") (CUDA graphs),
@@ -275,9 +275,7 @@ def main(argv=None):
     import torch
     import torchvision
     from attention_steps import mha, torch_op
-    # scripts/vit_end_to_end.py, a module beside this one (python puts scripts/ on the path):
-    # its kernel categories and its profiler have one home.
-    import vit_end_to_end as profiling
+    import measuring  # beside this script: the timing and the profiler's categories it shares
     if not torch.cuda.is_available():
         print("torch sees no CUDA device: nothing measured", file=sys.stderr)
         return 3
@@ -320,7 +318,7 @@ def main(argv=None):
         its largest kernel: SDPA's in stock, the step's (inside attention_steps::) swapped."""
         try:
             with torch.inference_mode():
-                result, _ = profiling.profile_forward(torch, lambda: function(*inputs), 1,
+                result, _ = measuring.profile_forward(torch, lambda: function(*inputs), 1,
                                                       "attention_steps::")
         except RuntimeError as error:  # the row keeps its timing; the log says why no share
             print(f"no profile: {error}", flush=True)
@@ -384,19 +382,13 @@ def main(argv=None):
                     continue
                 since = time.time()
                 runners = {}
-                start = torch.cuda.Event(enable_timing=True)
-                end = torch.cuda.Event(enable_timing=True)
                 forward_ms = {}
                 for implementation, instance in models.items():
                     function = torch.compile(instance, mode="reduce-overhead") if mode == "compiled" \
                         else instance
-                    with torch.inference_mode():
-                        for _ in range(3):  # compiles (and records its graphs), warms up
-                            start.record()
-                            function(*inputs)
-                            end.record()
-                    torch.cuda.synchronize()
-                    forward_ms[implementation] = start.elapsed_time(end)  # the last warm-up's
+                    with torch.inference_mode():  # compiles (and records its graphs), warms up
+                        warm_ups = measuring.each_call_ms(torch, [lambda: function(*inputs)] * 3)
+                    forward_ms[implementation] = warm_ups[-1]
                     runners[implementation] = function
                 phase(f"{name}, batch {batch}, {mode}: compiled and warmed up, {cache_hits(torch)}"
                       if mode == "compiled" else f"{name}, batch {batch}, {mode}: warmed up", since)
@@ -409,12 +401,8 @@ def main(argv=None):
                     with torch.inference_mode():
                         for _ in range(args.windows):
                             for implementation, function in runners.items():
-                                start.record()
-                                for _ in range(forwards):
-                                    function(*inputs)
-                                end.record()
-                                end.synchronize()
-                                windows[implementation].append(start.elapsed_time(end) / forwards)
+                                windows[implementation].append(measuring.window_ms(
+                                    torch, lambda: function(*inputs), forwards))
                 finally:
                     gc.enable()
                 # Attention's share, Amdahl's f, for stock and swapped; compiled too (the kernels

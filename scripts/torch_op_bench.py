@@ -25,6 +25,8 @@ import statistics
 import sys
 import time
 
+import measuring
+
 FIELDS = ["measure", "variant", "implementation", "image_size", "batch", "value", "unit", "low",
           "high", "windows", "note"]
 
@@ -113,17 +115,12 @@ def graph_replay(torch, rows, args):
         graph.replay()
         reference = F.scaled_dot_product_attention(q.float(), k.float(), v.float())
         errors.append((out.float() - reference).abs().max().item())
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(100):
-        graph.replay()
-    end.record()
-    torch.cuda.synchronize()
+    replay_ms = measuring.window_ms(torch, graph.replay, 100)
     rows.add(measure="graph_replay", variant="captured", implementation=args.step, batch=32,
              value=max(errors), unit="max abs error vs fp32 SDPA", windows=len(errors),
              note="[32, 12, 197, 64] packed views; 3 replays on new inputs")
     rows.add(measure="graph_replay", variant="captured", implementation=args.step, batch=32,
-             value=start.elapsed_time(end) / 100 * 1000, unit="us per replay", windows=1,
+             value=replay_ms * 1000, unit="us per replay", windows=1,
              note="100 replays")
 
 
@@ -174,14 +171,9 @@ def images_per_s(torch, torchvision, rows, args, deadline):
                 print(f"{size} px {key}: ready in {time.monotonic() - started:.0f} s, "
                       f"relative difference from stock eager {error:.2e}", flush=True)
             per_window = {key: [] for key in variants}
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             def timed(forward):
-                start.record()
-                for _ in range(args.forwards):
-                    forward(images)
-                end.record()
-                end.synchronize()
-                return args.batch * args.forwards / start.elapsed_time(end) * 1e3
+                return args.batch / measuring.window_ms(torch, lambda: forward(images),
+                                                        args.forwards) * 1e3
 
             for window in range(args.windows + 1):  # the first round of the alternation warms
                 for key, forward in variants.items():

@@ -34,6 +34,8 @@ import statistics
 import sys
 import time
 
+import measuring
+
 DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "python",
                     "attention_steps", "data", "digits.npz")
 WINDOW = 20  # steps of the running mean the curves are compared by
@@ -203,15 +205,8 @@ def vit_part(torch, torchvision, args, step):
                 train_step()
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            rates = []
-            for _ in range(args.windows):
-                start.record()
-                for _ in range(5):
-                    train_step()
-                end.record()
-                end.synchronize()
-                rates.append(args.batch * 5 / start.elapsed_time(end) * 1000)
+            rates = [args.batch / measuring.window_ms(torch, train_step, 5) * 1000
+                     for _ in range(args.windows)]
             row = {"model": model_name, "image_size": size, "batch": args.batch,
                    "implementation": name, "images_per_s": f"{statistics.median(rates):.1f}",
                    "low": f"{min(rates):.1f}", "high": f"{max(rates):.1f}",
@@ -257,9 +252,9 @@ def main(argv=None):
     if not torch.cuda.is_available():
         print("torch sees no CUDA device: nothing trained", file=sys.stderr)
         return 77
-    from attention_steps import sdpa
+    from attention_steps import choice
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float16
-    step = sdpa.plan_for(torch.cuda.current_device(), dtype)[64][0]  # the fastest forward at D = 64
+    step = choice.serving(torch.cuda.current_device(), dtype, 64)[0]  # the forward use_steps runs
     os.makedirs(args.out_dir, exist_ok=True)
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}; forward step {step}",
           flush=True)

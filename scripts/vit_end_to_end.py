@@ -56,7 +56,6 @@ Exit status: 0 every row passed or was skipped for a stated reason, 1 a check fa
 hit an error, 2 usage error, 3 no torch, no CUDA device or no library.
 """
 import argparse
-import csv
 import datetime
 import math
 import os
@@ -67,9 +66,10 @@ import statistics
 import sys
 import time
 
+import measuring
+
 REPOSITORY = pathlib.Path(__file__).resolve().parents[1]
 DEVICE = "cuda"  # where models and tensors live (a test of this script's logic may change it)
-PROFILER_ACTIVITIES = ("CPU", "CUDA")  # torch.profiler.ProfilerActivity names (the same)
 sys.path.insert(0, str(REPOSITORY / "python"))
 
 DEFAULT_MODELS = "vit_b_16@224,vit_b_16@384,vit_b_16@512,vit_l_16@224"
@@ -90,35 +90,12 @@ ROW_COLUMNS = [
 KERNEL_COLUMNS = [
     "gpu", "date", "model", "image_size", "implementation", "category", "gpu_ms", "share",
     "kernels", "top_kernel", "top_kernel_ms"]
-CATEGORIES = ["attention", "gemm", "layernorm", "gelu", "elementwise", "layout", "other"]
-
-# Kernel name -> category, first match wins (names lowercased). Attention first: cuDNN's SDPA
-# kernels mention wgmma and fprop too. The steps' kernels all hold "attention" in their names.
-CATEGORY_PATTERNS = [
-    ("attention", re.compile(r"attention|attn|flash|fmha|sdpa|softmax")),
-    ("layernorm", re.compile(r"layer_?norm|rowwisemoments")),
-    ("gelu", re.compile(r"gelu")),
-    ("layout", re.compile(r"copy|transpose|permute|contiguous|transform_bias_rescale|catarray|"
-                          r"nchwtonhwc|nhwctonchw|im2col")),
-    ("gemm", re.compile(r"gemm|nvjet|xmma|cutlass|cublas|s16816|h16816|wgmma|conv|fprop")),
-    ("elementwise", re.compile(r"elementwise|functor|add|mul|fill")),
-]
-
-
 class UsageError(Exception):
     pass
 
 
 class EnvironmentProblem(Exception):
     pass
-
-
-def category_of(name):
-    lowered = name.lower()
-    for category, pattern in CATEGORY_PATTERNS:
-        if pattern.search(lowered):
-            return category
-    return "other"
 
 
 def number(value, digits=6):
@@ -241,85 +218,14 @@ def blocks_of(model):
 
 # ---- timing and profiling -------------------------------------------------------------------
 
-def time_runs(torch, run, count):
-    """Milliseconds of each of `count` calls of run(), CUDA events around each, queued back to
-    back (no synchronisation between them)."""
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(count)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(count)]
-    for start, end in zip(starts, ends):
-        start.record()
-        run()
-        end.record()
-    torch.cuda.synchronize()
-    return [start.elapsed_time(end) for start, end in zip(starts, ends)]
-
-
 def time_attention_call(torch, call):
     """One attention call alone, in ms: the first call warms up; a slow one (over 0.1 s) is
     timed once more, a fast one the median of up to 20 within about 0.2 s."""
-    first = time_runs(torch, call, 1)[0]
+    first = measuring.each_call_ms(torch, [call])[0]
     if first > 100:
-        return time_runs(torch, call, 1)[0]
+        return measuring.each_call_ms(torch, [call])[0]
     count = max(3, min(20, int(200 / max(first, 1e-3))))
-    return statistics.median(time_runs(torch, call, count))
-
-
-def profile_forward(torch, forward, count, record_prefix):
-    """GPU time per forward by category (ms), kernels per forward and the largest kernel of each
-    category, and how attention was found. Kernels that ran inside the bridge's
-    record_function ranges (attention_steps::<step>) are attention whatever their names (the
-    eager baseline's cuBLAS GEMMs): found by the ranges' spans on the GPU timeline ('gpu
-    range'), else by the profiler's links from the ranges to their kernels ('cpu range'); other
-    kernels, and all of the stock model's, by name ('name')."""
-    from collections import Counter
-
-    from torch.autograd import DeviceType
-    from torch.profiler import ProfilerActivity, profile
-
-    torch.cuda.synchronize()
-    with profile(activities=[getattr(ProfilerActivity, a) for a in PROFILER_ACTIVITIES]) as prof:
-        for _ in range(count):
-            forward()
-        torch.cuda.synchronize()
-    events = prof.events()
-
-    def in_range(event):
-        return event.name.startswith(record_prefix)
-
-    # A record_function range shows up twice: as a CPU event (linked to the kernels launched in
-    # it) and as a user annotation on the GPU spanning them. Neither is a kernel.
-    spans = [(e.time_range.start, e.time_range.end) for e in events
-             if e.device_type == DeviceType.CUDA and e.is_user_annotation and in_range(e)]
-    linked = Counter((k.name, k.duration) for e in events
-                     if e.device_type == DeviceType.CPU and in_range(e) for k in e.kernels)
-    per_category = {category: 0.0 for category in CATEGORIES}
-    kernels = {category: 0 for category in CATEGORIES}
-    largest = {category: Counter() for category in CATEGORIES}  # name -> total us
-    found_by = set()
-    for event in events:
-        if event.device_type != DeviceType.CUDA or event.is_user_annotation:
-            continue  # kernels, memcpys and memsets only
-        start, end = event.time_range.start, event.time_range.end
-        duration = end - start
-        if any(low <= start and end <= high for low, high in spans):
-            category = "attention"
-            found_by.add("gpu range")
-        elif linked[(event.name, duration)] > 0:
-            linked[(event.name, duration)] -= 1
-            category = "attention"
-            found_by.add("cpu range")
-        else:
-            category = category_of(event.name)
-        per_category[category] += duration
-        kernels[category] += 1
-        largest[category][event.name] += duration
-    result = {}
-    for category in CATEGORIES:
-        top = largest[category].most_common(1)[0] if largest[category] else ("", 0.0)
-        result[category] = {"ms": per_category[category] / count / 1000.0,
-                            "kernels": kernels[category] / count,
-                            "top_kernel": top[0][:160], "top_kernel_ms": top[1] / count / 1000.0}
-    return result, "+".join(sorted(found_by)) or "name"
+    return statistics.median(measuring.each_call_ms(torch, [call] * count))
 
 
 def attention_backend(top_kernel):
@@ -384,7 +290,7 @@ def run_model_size(torch, torchvision, steps_module, library, args, name, image,
         log(f"{name}@{image}: N = {tokens}, {blocks} blocks of {heads} heads x {head_dim}; "
             f"stock fp16 vs fp32: max abs {noise_abs:.3g}, relative {noise_rel:.3g} -> "
             f"tolerance max abs {tolerance_abs:.3g}, relative {tolerance_rel:.3g}")
-        stock_ms = statistics.median(time_runs(torch, forward, 3))  # the estimate stock runs by
+        stock_ms = statistics.median(measuring.each_call_ms(torch, [forward] * 3))  # the estimate stock runs by
 
         def check_and_time(implementation, estimate_s, logits, call_ms, note=""):
             """Checks and times the model as it now is: one row."""
@@ -405,8 +311,8 @@ def run_model_size(torch, torchvision, steps_module, library, args, name, image,
             runs = max(2 if estimate_s > 1.0 else 3,
                        min(30, int(args.timing_s / max(estimate_s, 1e-4))))
             if estimate_s < 0.2:
-                time_runs(torch, forward, 3)  # warm-up; a slow step was warmed by its check
-            times = time_runs(torch, forward, runs)
+                measuring.each_call_ms(torch, [forward] * 3)  # warm-up; a slow step was warmed by its check
+            times = measuring.each_call_ms(torch, [forward] * runs)
             median = statistics.median(times)
             row.update(median_ms=number(median), min_ms=number(min(times)),
                        max_ms=number(max(times)), runs=runs,
@@ -416,7 +322,7 @@ def run_model_size(torch, torchvision, steps_module, library, args, name, image,
 
         def profile_row(row):
             """The kernel categories of one or two profiled forwards of the model as it now is."""
-            profiled, attention_by = profile_forward(
+            profiled, attention_by = measuring.profile_forward(
                 torch, forward, 1 if row["_estimate_s"] > 0.2 else 2,
                 steps_module.torch_bridge.RECORD_PREFIX)
             total = sum(entry["ms"] for entry in profiled.values())
@@ -426,7 +332,7 @@ def run_model_size(torch, torchvision, steps_module, library, args, name, image,
             if row["implementation"] == "stock":
                 row["note"] = (row["note"] + "; " if row["note"] else "") + "attention kernels: " + \
                     attention_backend(profiled["attention"]["top_kernel"])
-            for category in CATEGORIES:
+            for category in measuring.CATEGORIES:
                 entry = profiled[category]
                 kernel_rows.append({
                     "gpu": gpu, "date": date, "model": name, "image_size": image,
@@ -528,14 +434,6 @@ def describe(row):
     return "; ".join(parts)
 
 
-def write_csv(path, columns, rows):
-    with open(path, "w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=columns, extrasaction="ignore")
-        writer.writeheader()
-        for row in rows:
-            writer.writerow({column: row.get(column, "") for column in columns})
-
-
 def print_table(rows):
     header = f"{'model':<9} {'px':>4} {'impl':<6} {'ms':>9} {'img/s':>8} {'vs stock':>8} " \
              f"{'attn %':>6} {'rel err':>8}  status"
@@ -635,8 +533,8 @@ def main(argv):
         rows.sort(key=lambda row: order.get(row["implementation"], len(order)))
         all_rows += rows
         all_kernels += kernels
-        write_csv(out_dir / "vit_end_to_end.csv", ROW_COLUMNS, all_rows)
-        write_csv(out_dir / "vit_end_to_end_kernels.csv", KERNEL_COLUMNS, all_kernels)
+        measuring.write_csv(out_dir / "vit_end_to_end.csv", ROW_COLUMNS, all_rows)
+        measuring.write_csv(out_dir / "vit_end_to_end_kernels.csv", KERNEL_COLUMNS, all_kernels)
 
     print()
     print_table(all_rows)

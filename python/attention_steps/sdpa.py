@@ -14,19 +14,14 @@ is served where a backward step serves the head dim (v10 on an H100 and v9 elsew
 and 128: autograd runs them). use_steps(verbose=True) says once per reason when a call goes to
 PyTorch; never while torch.compile traces, where printing would break the graph.
 
-What serves which call is decided here, in plain Python over a table made when the module is
-first used (the library's answers for every visible GPU), so torch.compile traces the decision
-and the operator with no graph break.
+Which step serves a call is the library's answer (attn_choose_step, asked through
+attention_steps.choice once per kind of call and GPU, kept in a table), so torch.compile traces
+the decision and the operator with no graph break.
 """
 import torch
 import torch.nn.functional as F
 
-from . import torch_op
-from ._capi import load_library
-
-# The steps in the order they are preferred where several serve: fastest first (measured on the
-# H100 in chapter 10; v6 is the one that runs on every GPU from sm_80).
-PREFERENCE = ("v8", "v7", "v6")
+from . import choice, torch_op
 
 # Every kind of call that goes to PyTorch's own function, by the key _why_not names it with.
 # README's list between the "sdpa fallbacks" markers is these values, in this order (a CPU
@@ -35,7 +30,7 @@ FALLBACKS = {
     "operator": "no operator built",
     "arguments": "arguments that are not tensors",
     "mask": "an attention mask",
-    "causal": "causal attention where the step that serves the call takes no causal mask",
+    "causal": "causal attention where no step takes a causal mask (at that head dim and dtype, or in the backward)",
     "dropout": "attention dropout",
     "dtype": "a dtype other than float16 and bfloat16, or mixed dtypes",
     "device": "tensors not all on one CUDA device (CPU tensors among them)",
@@ -49,53 +44,8 @@ FALLBACKS = {
 
 _pytorch_sdpa = F.scaled_dot_product_attention  # PyTorch's own, whatever use_steps does later
 _attention_op = torch_op.load_if_built()  # None: not built, and no call is served by a step
-_DTYPES = (torch.float16, torch.bfloat16)
-_plans = {}          # device index -> {dtype: {head_dim: (step, largest N or None for any)}}
-_backward_dims = {}  # device index -> {dtype: head dims a backward step serves there}
-_causal_steps = set()  # the steps (forward and backward) that take a causal mask
-_backward_causal_dims = {}  # device index -> {dtype: head dims a causal backward serves there}
 _said = set()        # the fallback reasons already printed
 _settings = {"verbose": False}
-
-
-def _takes(info, dtype):
-    return dtype == torch.float16 or (dtype == torch.bfloat16 and info.takes_bf16)
-
-
-def plan_for(device_index, dtype=torch.float16):
-    """{head_dim: (step, max_tokens)} for the GPU `device_index` and `dtype`: the first step of
-    PREFERENCE that runs there and takes the dtype at each head dim, with the largest N it serves
-    (None: any)."""
-    if device_index not in _plans:
-        library = load_library()
-        steps = library.steps()
-        plans, backward_dims, backward_causal_dims = {}, {}, {}
-        _causal_steps.update(info.id for info in steps if info.takes_causal)
-        with torch.cuda.device(device_index):
-            for each in _DTYPES:
-                plan = {}
-                for step in PREFERENCE:
-                    info = next((s for s in steps if s.id == step), None)
-                    if info is None or not _takes(info, each):
-                        continue
-                    for head_dim in info.head_dims:
-                        if head_dim in plan or library.refusal(step, (1, 1, 1, head_dim)):
-                            continue
-                        plan[head_dim] = (step, library.max_tokens(step, head_dim))
-                plans[each] = plan
-                backward_dims[each] = {
-                    head_dim for info in steps
-                    if info.is_backward and not info.is_baseline and _takes(info, each)
-                    for head_dim in info.head_dims
-                    if library.refusal(info.id, (1, 1, 1, head_dim)) is None}
-                backward_causal_dims[each] = {
-                    head_dim for info in steps
-                    if info.is_backward and not info.is_baseline and info.takes_causal
-                    and _takes(info, each) for head_dim in info.head_dims
-                    if library.refusal(info.id, (1, 1, 1, head_dim)) is None}
-        _plans[device_index], _backward_dims[device_index] = plans, backward_dims
-        _backward_causal_dims[device_index] = backward_causal_dims
-    return _plans[device_index][dtype]
 
 
 def _why_not(query, key, value, attn_mask, dropout_p, is_causal):
@@ -110,7 +60,7 @@ def _why_not(query, key, value, attn_mask, dropout_p, is_causal):
         return None, FALLBACKS["mask"]
     if dropout_p != 0.0:
         return None, FALLBACKS["dropout"]
-    if query.dtype not in _DTYPES or any(t.dtype != query.dtype for t in tensors):
+    if query.dtype not in choice.DTYPES or any(t.dtype != query.dtype for t in tensors):
         return None, f"{FALLBACKS['dtype']}: {query.dtype}"
     if any(t.device.type != "cuda" for t in tensors) or not (
             query.device == key.device == value.device):
@@ -119,20 +69,21 @@ def _why_not(query, key, value, attn_mask, dropout_p, is_causal):
         return None, f"{FALLBACKS['rank']}: {query.dim()}-D"
     if not query.shape == key.shape == value.shape:
         return None, FALLBACKS["shape"]
-    device_index = query.device.index
-    if device_index not in _plans and torch.compiler.is_compiling():
-        return None, f"{FALLBACKS['compiling']} (call plan_for(device) first)"
-    served = plan_for(device_index, query.dtype).get(query.shape[-1])
-    if served is None:
-        return None, f"{FALLBACKS['head_dim']}: {query.shape[-1]} in {query.dtype}"
-    if (torch_op.needs_grad(tensors)
-            and query.shape[-1] not in _backward_dims[device_index][query.dtype]):
-        return None, f"{FALLBACKS['gradient']}: {query.shape[-1]}"
-    step, max_tokens = served
-    if is_causal and (step not in _causal_steps or (
-            torch_op.needs_grad(tensors)
-            and query.shape[-1] not in _backward_causal_dims[device_index][query.dtype])):
-        return None, FALLBACKS["causal"]
+    device_index, head_dim, grad = query.device.index, query.shape[-1], torch_op.needs_grad(tensors)
+    if not choice.prepared(device_index) and torch.compiler.is_compiling():
+        return None, f"{FALLBACKS['compiling']} (call use_steps() first)"
+    step, _ = choice.serving(device_index, query.dtype, head_dim)
+    if step is None:
+        return None, f"{FALLBACKS['head_dim']}: {head_dim} in {query.dtype}"
+    if grad and choice.serving(device_index, query.dtype, head_dim, backward=True)[0] is None:
+        return None, f"{FALLBACKS['gradient']}: {head_dim}"
+    if is_causal:
+        # is_causal=True puts the diagonal at the top left (query i sees keys j <= i).
+        step, _ = choice.serving(device_index, query.dtype, head_dim, causal="top-left")
+        if step is None or grad and choice.serving(device_index, query.dtype, head_dim, backward=True,
+                                                   causal="top-left")[0] is None:
+            return None, FALLBACKS["causal"]
+    max_tokens = choice.max_tokens(step, head_dim)
     if max_tokens is not None and query.shape[-2] > max_tokens:
         return None, f"{FALLBACKS['tokens']}: {query.shape[-2]} (at most {max_tokens} for {step})"
     return step, None
@@ -144,7 +95,6 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     (see the module's docstring), by PyTorch's otherwise."""
     step, reason = _why_not(query, key, value, attn_mask, dropout_p, is_causal)
     if step is not None:
-        # is_causal=True puts the diagonal at the top left (query i sees keys j <= i).
         return _attention_op(query, key, value, step, scale, None,
                              torch_op.needs_grad((query, key, value)),
                              "top-left" if is_causal else None)[0]
@@ -165,5 +115,5 @@ def use_steps(enable=True, *, verbose=False):
         return
     torch_op.load()  # ImportError saying how to build it, rather than a silent fallback
     for device_index in range(torch.cuda.device_count()):
-        plan_for(device_index)
+        choice.prepare(device_index)
     F.scaled_dot_product_attention = scaled_dot_product_attention

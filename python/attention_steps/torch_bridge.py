@@ -9,13 +9,14 @@ torch.compile (fullgraph) and inside CUDA graphs.
 swap_attention(model, step) replaces the self-attention of every encoder block of a
 torchvision VisionTransformer (vit_b_16, vit_b_32, vit_l_16, vit_h_14, any image size) with
 StepSelfAttention: the block's own in-projection weights, the step's kernel on [B, H, N, D],
-and the block's own out-projection, so the model computes what it computed before.
+and the block's own out-projection, so the model computes what it computed before. With no step
+named, each call runs the step the library chooses for it on its GPU (attention_steps.choice).
 restore_attention(model) puts the original modules back.
 
 Autograd: a forward on inputs that require grad keeps O and L, and backward runs the backward
-step that serves the head dim on the GPU (v10, the Hopper backward, on an H100; v9, the
-FlashAttention-2 backward, elsewhere: 64 and 128); at another head dim backward raises
-NotImplementedError saying so.
+step the library chooses for the call on the GPU (attn_choose_step: v10, the Hopper backward, on
+an H100; v9, the FlashAttention-2 backward, elsewhere: 64 and 128); where none serves it, backward
+raises NotImplementedError with each step's reason.
 """
 import contextlib
 
@@ -23,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import torch_op
+from . import choice, torch_op
 from ._capi import StepRefused, load_library
 
 RECORD_PREFIX = "attention_steps::"  # profiler ranges around each kernel call: attention_steps::v6
@@ -62,7 +63,7 @@ class StepSelfAttention(nn.Module):
     wiring without a GPU. Called as torchvision calls it: module(x, x, x, need_weights=False).
     """
 
-    def __init__(self, mha, step="v6", attention_fn=None, library=None):
+    def __init__(self, mha, step=None, attention_fn=None, library=None):
         super().__init__()
         if not isinstance(mha, nn.MultiheadAttention):
             raise TypeError(f"expected nn.MultiheadAttention, got {type(mha).__name__}")
@@ -84,16 +85,17 @@ class StepSelfAttention(nn.Module):
         self.use(step, attention_fn, library)
 
     def use(self, step, attention_fn=None, library=None):
-        """Runs `step` (or attention_fn) from now on. What the forward needs to know of the step
-        is read here, once: the forward makes no library call but the operator's, so
-        torch.compile traces it whole."""
+        """Runs `step` (or attention_fn; None: the step the library chooses for each call, see
+        attention_steps.choice) from now on. What the forward needs to know of the step is read
+        here, once: the forward makes no library call but the operator's, so torch.compile traces
+        it whole."""
         self.step, self.attention_fn = step, attention_fn
-        self.takes_strides = attention_fn is None and \
+        self.takes_strides = attention_fn is None and step is not None and \
             (library or load_library()).step(step).takes_strides
 
     def extra_repr(self):
         kernel = getattr(self.attention_fn, "__name__", "attention_fn") if self.attention_fn \
-            else f"step={self.step}"
+            else f"step={self.step or 'chosen per call'}"
         return f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, {kernel}"
 
     def forward(self, query, key, value, key_padding_mask=None, need_weights=True,
@@ -114,8 +116,15 @@ class StepSelfAttention(nn.Module):
         if embed != self.embed_dim:
             raise ValueError(f"input has embedding {embed}; this block has {self.embed_dim}")
         qkv = F.linear(query, self.in_proj_weight, self.in_proj_bias)
+        step, takes_strides = self.step, self.takes_strides
+        if step is None and self.attention_fn is None:  # the library's choice for this call
+            step = choice.for_call(query.device.index, query.dtype, self.head_dim, tokens,
+                                   needs_grad=torch_op.needs_grad((qkv,)))
+            if step is None:  # no step serves it: the block's own module does
+                return self._original[0](query, key, value, need_weights=False)
+            takes_strides = choice.takes_strides(step)
         qkv = qkv.view(batch, tokens, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
-        if not self.takes_strides:
+        if not takes_strides:
             qkv = qkv.contiguous()  # [3, B, H, N, D]: one copy for q, k and v together
         # A step that takes views reads q, k, v as views of the projection [B, N, 3, H, D] and
         # writes O into [B, N, H, D] memory: the transpose below is then the out-projection's
@@ -126,8 +135,8 @@ class StepSelfAttention(nn.Module):
             # A profiler range per call (scripts/vit_end_to_end.py finds the kernels by it); not
             # while torch.compile traces, where it would be one more thing to trace.
             with (contextlib.nullcontext() if torch.compiler.is_compiling() else
-                  torch.profiler.record_function(RECORD_PREFIX + self.step)):
-                o = attention(qkv[0], qkv[1], qkv[2], step=self.step)
+                  torch.profiler.record_function(RECORD_PREFIX + step)):
+                o = attention(qkv[0], qkv[1], qkv[2], step=step)
         o = o.transpose(1, 2).reshape(batch, tokens, embed)
         return self.out_proj(o), None
 
@@ -143,16 +152,20 @@ def swappable_blocks(model):
     return found
 
 
-def swap_attention(model, step="v6", *, attention_fn=None, library=None):
-    """Puts step `step` (or attention_fn) into every encoder block of a torchvision ViT, in
-    place; a block swapped before just changes step. Returns the number of blocks. Raises
+def swap_attention(model, step=None, *, attention_fn=None, library=None):
+    """Puts step `step` (or attention_fn; None: the step the library chooses for each call on its
+    GPU, the block's own module where none serves it) into every encoder block of a torchvision
+    ViT, in place; a block swapped before just changes step. Returns the number of blocks. Raises
     StepRefused when the step does not serve the blocks' head dim (other limits, such as the
     largest N, are judged at each call), ValueError when the model has no such block."""
     blocks = swappable_blocks(model)
     if not blocks:
         raise ValueError(f"{type(model).__name__} has no `self_attention` nn.MultiheadAttention "
                          "to swap (expected a torchvision VisionTransformer)")
-    if attention_fn is None:
+    if step is None and attention_fn is None and torch.cuda.is_available():
+        for device_index in range(torch.cuda.device_count()):  # before any torch.compile traces
+            choice.prepare(device_index, library)
+    elif attention_fn is None:
         # Judged from the step's listing, not attn_check: that also needs a GPU, and a model's
         # wiring is swapped (and tested) on machines without one.
         info = (library or load_library()).step(step)

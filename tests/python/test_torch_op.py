@@ -20,6 +20,8 @@
     trained under torch.autocast(bfloat16) through the SDPA entry point;
   - cross-attention and a key-padding mask, where a step serves them, against SDPA;
   - a causal mask in both alignments (forward, SDPA's is_causal=True, gradients), against SDPA;
+  - no step named: attention_steps.choice's table is attn_choose_step's answer, and the module
+    swaps run the step it names, or the module's own forward for a call no step serves;
   - the clear errors: a backward no step serves, cross-attention or a mask a step does not take,
     a dtype.
 
@@ -43,7 +45,7 @@ if not torch.cuda.is_available():
     sys.exit(77)
 
 import attention_steps as steps  # noqa: E402
-from attention_steps import sdpa, torch_op  # noqa: E402
+from attention_steps import choice, sdpa, torch_op  # noqa: E402
 
 try:
     attention_op = torch_op.load()
@@ -70,7 +72,7 @@ def served_steps(head_dim=None):
 
 def fastest(head_dim=64):
     """The step the SDPA entry point picks at this head dim here (v8 on an H100, v6 elsewhere)."""
-    return next(s for s in sdpa.PREFERENCE if (s, head_dim) in served_steps(head_dim))
+    return choice.serving(torch.cuda.current_device(), torch.float16, head_dim)[0]
 
 
 def packed_qkv(batch, heads, tokens, head_dim):
@@ -401,6 +403,70 @@ class SdpaEntryPoint(Checks):
         self.assertTrue(any("attention_steps.attention" in t for t in targets), targets)
 
 
+class ChosenPerCall(Checks):
+    """No step named: the table of attention_steps.choice is the library's answer
+    (attn_choose_step), and the module swaps run the step it names, or the module's own forward
+    for a call no step serves."""
+
+    def ran_operator(self, module, *args, **kwargs):
+        from torch.profiler import ProfilerActivity, profile
+        with profile(activities=[ProfilerActivity.CPU]) as recorded:
+            out = module(*args, **kwargs)
+        return out, any(e.name == "attention_steps::attention" for e in recorded.events())
+
+    def test_the_table_is_the_library_s_answer(self):
+        device = torch.cuda.current_device()
+        for dtype, name in ((torch.float16, "fp16"), (torch.bfloat16, "bf16")):
+            for head_dim in (64, 128):
+                for backward in (False, True):
+                    with self.subTest(dtype=name, head_dim=head_dim, backward=backward):
+                        self.assertEqual(
+                            choice.serving(device, dtype, head_dim, backward=backward)[0],
+                            steps.choose_step((2, 3, 65, head_dim), backward=backward, dtype=name))
+        step, reason = choice.serving(device, torch.float16, 48)
+        self.assertIsNone(step)
+        self.assertIn("no step registers head dim 48", reason)
+
+    def test_multihead_attention_runs_the_chosen_step_or_its_own(self):
+        from attention_steps import mha
+        torch.manual_seed(3)
+        module = torch.nn.MultiheadAttention(128, 2, batch_first=True).cuda().half().eval()
+        x = torch.randn(2, 65, 128, device="cuda", dtype=torch.half)
+        with torch.no_grad():
+            expected = module(x, x, x, need_weights=False)[0]
+        holder = torch.nn.Sequential(module)
+        self.assertEqual(mha.swap_multihead_attention(holder), 1)
+        with torch.no_grad():
+            out, ran = self.ran_operator(holder[0], x, x, x, need_weights=False)
+        self.assertTrue(ran)
+        self.assert_close(out[0], expected)
+        # Training with a key-padding mask: no backward step takes one, so the module's own runs.
+        holder.train()
+        mask = torch.zeros(2, 65, device="cuda", dtype=torch.bool)
+        mask[:, 60:] = True
+        out, ran = self.ran_operator(holder[0], x, x, x, key_padding_mask=mask, need_weights=False)
+        self.assertFalse(ran)
+        out[0].float().sum().backward()  # the module's own backward: no NotImplementedError
+
+    def test_vit_blocks_run_the_chosen_step(self):
+        torch.manual_seed(4)
+        model = torchvision.models.VisionTransformer(
+            image_size=32, patch_size=8, num_layers=1, num_heads=2, hidden_dim=128,
+            mlp_dim=256).cuda().half().eval()
+        images = torch.randn(2, 3, 32, 32, device="cuda", dtype=torch.half)
+        with torch.no_grad():
+            expected = model(images)
+        self.assertEqual(steps.swap_attention(model), 1)
+        with torch.no_grad():
+            out, ran = self.ran_operator(model, images)
+        self.assertTrue(ran)
+        self.assert_close(out, expected)
+
+    def assert_close(self, out, expected):
+        error = (out.float() - expected.float()).norm() / expected.float().norm()
+        self.assertLessEqual(error.item(), 1e-2)
+
+
 class Gradients(unittest.TestCase):
     """Autograd through the operator: the forward step, then the backward step of this GPU (v10
     on an H100, v9 elsewhere), against SDPA's math backend in
@@ -578,7 +644,8 @@ class ClearErrors(unittest.TestCase):
                    for _ in range(3))
         out = steps.attention(q, k, v, step="v6")
         self.assertTrue(out.requires_grad)
-        with self.assertRaisesRegex(NotImplementedError, "no backward step serves head dim 80"):
+        with self.assertRaisesRegex(NotImplementedError, "no backward step serves this call.*v9 does "
+                                    "not serve --head-dim 80"):
             out.float().sum().backward()
 
     def test_what_no_step_serves_yet(self):

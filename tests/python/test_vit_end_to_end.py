@@ -30,6 +30,7 @@ import attention_steps
 from attention_steps import torch_bridge
 
 REPOSITORY = pathlib.Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPOSITORY / "scripts"))  # what python gives the script: its `measuring`
 spec = importlib.util.spec_from_file_location("vit_end_to_end",
                                               REPOSITORY / "scripts" / "vit_end_to_end.py")
 script = importlib.util.module_from_spec(spec)
@@ -84,7 +85,7 @@ class EndToEndOnCpu(unittest.TestCase):
     def setUp(self):
         self.patches = [
             (script, "DEVICE", "cpu"),
-            (script, "PROFILER_ACTIVITIES", ("CPU",)),  # CUDA profiling would look for a GPU
+            (script.measuring, "PROFILER_ACTIVITIES", ("CPU",)),  # CUDA profiling would look for a GPU
             (torch.cuda, "is_available", lambda: True),
             (torch.cuda, "get_device_name", lambda *args: "NVIDIA H100 80GB HBM3"),
             (torch.cuda, "Event", WallClockEvent),
@@ -133,7 +134,7 @@ class EndToEndOnCpu(unittest.TestCase):
         self.assertIn("--impl-budget-s 20", rows["v0"]["status"])
         self.assertTrue(rows["v0"]["attention_call_ms"])
         self.assertIn("1 failed", text)
-        self.assertEqual(kernel_rows, len(script.CATEGORIES) * 4)  # stock, v6, v9, eager
+        self.assertEqual(kernel_rows, len(script.measuring.CATEGORIES) * 4)  # stock, v6, v9, eager
 
     def test_weights_file_at_another_image_size(self):
         saved = torchvision.models.vit_b_32(image_size=64)
@@ -207,7 +208,7 @@ class Attribution(unittest.TestCase):
         saved = torch.profiler.profile
         torch.profiler.profile = FakeProfile(events)
         try:
-            return script.profile_forward(torch, lambda: None, 1, "attention_steps::")
+            return script.measuring.profile_forward(torch, lambda: None, 1, "attention_steps::")
         finally:
             torch.profiler.profile = saved
 
@@ -248,7 +249,7 @@ class Names(unittest.TestCase):
             "Memset (Device)": "other",
         }
         for name, category in expect.items():
-            self.assertEqual(script.category_of(name), category, name)
+            self.assertEqual(script.measuring.category_of(name), category, name)
 
     def test_gpu_folder_names(self):
         self.assertEqual(script.gpu_slug("NVIDIA H100 80GB HBM3"), "h100")

@@ -17,8 +17,8 @@
 // (its fake implementation).
 //
 // Autograd: a C++ autograd function saves Q, K, V, O and L; its backward runs
-// attention_backward with the backward step that serves the head dim on this GPU (v10 on Hopper,
-// v9 elsewhere), which rebuilds P from L. attention_backward is an operator of its own, so
+// attention_backward with the backward step the library chooses for the call on this GPU
+// (attn_choose_step: v10 on Hopper, v9 elsewhere), which rebuilds P from L. attention_backward is an operator of its own, so
 // torch.compile traces the backward too.
 #include <ATen/cuda/CUDAContext.h>
 #include <Python.h>
@@ -26,13 +26,11 @@
 #include <torch/autograd.h>
 #include <torch/library.h>
 
-#include <algorithm>
 #include <mutex>
 #include <optional>
 #include <string>
 #include <tuple>
 #include <unordered_map>
-#include <vector>
 
 #include "attention_steps.h"
 
@@ -44,9 +42,6 @@ struct StepFacts {
   bool uses_workspace = false;
   bool writes_log_sum_exp = false;
   bool is_backward = false;
-  bool is_baseline = false;  // eager_backward: measured beside the steps, never chosen
-  std::vector<int> head_dims;
-  int min_compute_capability = 0, max_compute_capability = 0;  // max 0: every newer GPU too
 };
 
 const std::unordered_map<std::string, StepFacts>& all_steps() {
@@ -56,35 +51,48 @@ const std::unordered_map<std::string, StepFacts>& all_steps() {
       attn_step_info info{};
       if (attn_step_get(index, &info) != ATTN_OK) continue;
       found[info.id] = StepFacts{info.takes_strides != 0, info.uses_workspace != 0,
-                                 info.writes_log_sum_exp != 0, info.is_backward != 0,
-                                 info.is_baseline != 0,
-                                 std::vector<int>(info.head_dims, info.head_dims + info.head_dim_count),
-                                 info.min_compute_capability, info.max_compute_capability};
+                                 info.writes_log_sum_exp != 0, info.is_backward != 0};
     }
     return found;
   }();
   return steps;
 }
 
-// The number of step "vN" (10 for "v10"), so that steps compare as numbers, not text.
-int step_number(const std::string& id) { return std::stoi(id.substr(1)); }
+// The backward step autograd runs after the forward: the C ABI's choice (attn_choose_step) for
+// this call on q's GPU, the one answer every layer gets. NotImplementedError, with each step's
+// reason, where none serves it.
+std::string backward_step_for(const at::Tensor& q, const at::Tensor& k, bool masked, int causal,
+                              bool deterministic) {
+  attn_call call{};
+  call.backward = 1;
+  call.batch = q.size(0);
+  call.heads = q.size(1);
+  call.tokens = q.size(2);
+  call.head_dim = q.size(3);
+  call.kv_tokens = k.size(2);
+  call.dtype = q.scalar_type() == at::kBFloat16 ? ATTN_DTYPE_BF16 : ATTN_DTYPE_FP16;
+  call.key_padding_mask = masked ? 1 : 0;
+  call.causal = causal;
+  call.deterministic = deterministic ? 1 : 0;
+  const c10::cuda::CUDAGuard device_guard(q.device());
+  char id[32] = {};
+  char message[1024] = {};
+  TORCH_CHECK_NOT_IMPLEMENTED(attn_choose_step(&call, id, sizeof id, message, sizeof message) == ATTN_OK,
+                              "attention_steps: ", message, "; train with "
+                              "torch.nn.functional.scaled_dot_product_attention");
+  return id;
+}
 
-// The backward step autograd runs after a forward step at this head dim on a GPU of this compute
-// capability: the highest-numbered that serves both (v10 on Hopper, v9 elsewhere; P is rebuilt
-// from L, which every step that writes L writes alike); a baseline never.
-std::optional<std::string> backward_step_for(int64_t head_dim, int compute_capability) {
-  std::optional<std::string> chosen;
-  for (const auto& [id, facts] : all_steps()) {
-    const bool runs_here = compute_capability >= facts.min_compute_capability &&
-                           (facts.max_compute_capability == 0 ||
-                            compute_capability <= facts.max_compute_capability);
-    if (facts.is_backward && !facts.is_baseline && runs_here &&
-        std::find(facts.head_dims.begin(), facts.head_dims.end(), head_dim) != facts.head_dims.end() &&
-        (!chosen || step_number(id) > step_number(*chosen))) {
-      chosen = id;
+// "v6, v7, v8": the forward steps that write L, for messages.
+std::string steps_writing_log_sum_exp() {
+  std::string listed;
+  for (int index = 0; index < attn_step_count(); ++index) {
+    attn_step_info info{};
+    if (attn_step_get(index, &info) == ATTN_OK && info.writes_log_sum_exp && !info.is_backward) {
+      listed += (listed.empty() ? "" : ", ") + std::string(info.id);
     }
   }
-  return chosen;
+  return listed;
 }
 
 const StepFacts& facts_of(const std::string& id) {
@@ -213,7 +221,7 @@ std::tuple<at::Tensor, at::Tensor> attention_kernel(const at::Tensor& q, const a
   TORCH_CHECK_VALUE(!scale.has_value() || *scale > 0.0, "attention_steps: scale must be "
                     "positive; got ", std::to_string(scale.value_or(0.0)));
   TORCH_CHECK_VALUE(!return_log_sum_exp || facts.writes_log_sum_exp, "attention_steps: ", id,
-                    " does not write L (the log-sum-exp); steps that do: v6, v7, v8");
+                    " does not write L (the log-sum-exp); steps that do: ", steps_writing_log_sum_exp());
 
   const c10::cuda::CUDAGuard device_guard(q.device());
   // Views in place for a step that takes them, when q, k and v share strides; contiguous
@@ -357,15 +365,13 @@ class AttentionFunction : public torch::autograd::Function<AttentionFunction> {
     const auto saved = context->get_saved_variables();
     const at::Tensor &q = saved[0], &k = saved[1], &v = saved[2], &o = saved[3], &lse = saved[4];
     const std::string step = context->saved_data["step"].toStringRef();
-    TORCH_CHECK_NOT_IMPLEMENTED(!context->saved_data["masked"].toBool(), "attention_steps: no "
-                                "backward step serves a key-padding mask yet; train with "
-                                "torch.nn.functional.scaled_dot_product_attention");
-    const auto properties = at::cuda::getDeviceProperties(q.get_device());
-    const std::optional<std::string> backward =
-        backward_step_for(q.size(3), 10 * properties->major + properties->minor);
-    TORCH_CHECK_NOT_IMPLEMENTED(backward.has_value(), "attention_steps: no backward step serves "
-                                "head dim ", std::to_string(q.size(3)), "; train with "
-                                "torch.nn.functional.scaled_dot_product_attention");
+    const c10::IValue& causal = context->saved_data["causal"];
+    // torch.use_deterministic_algorithms(True) asks for the same bits on every run.
+    const bool deterministic = at::globalContext().deterministicAlgorithms();
+    const std::string backward = backward_step_for(
+        q, k, context->saved_data["masked"].toBool(),
+        causal.isNone() ? ATTN_CAUSAL_NONE : causal_of(c10::string_view(causal.toStringRef())),
+        deterministic);
     TORCH_CHECK_NOT_IMPLEMENTED(lse.numel() > 0, "attention_steps: the forward (", step,
                                 ") kept no L; call it with return_log_sum_exp=True, as "
                                 "attention_steps.attention does when a gradient is needed");
@@ -373,11 +379,9 @@ class AttentionFunction : public torch::autograd::Function<AttentionFunction> {
                                .findSchemaOrThrow("attention_steps::attention_backward", "")
                                .typed<decltype(attention_backward_kernel)>();
     const c10::IValue& scale = context->saved_data["scale"];
-    const c10::IValue& causal = context->saved_data["causal"];
-    // torch.use_deterministic_algorithms(True) asks for the same bits on every run.
-    auto [dq, dk, dv] = op.call(grads[0], q, k, v, o, lse, *backward,
+    auto [dq, dk, dv] = op.call(grads[0], q, k, v, o, lse, backward,
                                 scale.isNone() ? std::nullopt : std::optional<double>(scale.toDouble()),
-                                at::globalContext().deterministicAlgorithms(),
+                                deterministic,
                                 causal.isNone() ? std::nullopt
                                                 : std::optional<c10::string_view>(causal.toStringRef()));
     return {dq, dk, dv, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};

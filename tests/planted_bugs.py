@@ -1,46 +1,50 @@
 #!/usr/bin/env python3
-"""Proves that the tests can fail: plants the bugs students make into copies of the flash steps
-(v6, v7, v8, and the backward steps v9 and v10; step 0's key-padding mask too) and runs each copy through the GPU suite, in a normal build and, for the Hopper
-steps, in the checked build of the asynchronous pipeline. Every copy must be caught by one of
-the two; the report says which caught which, and the checked build's line names the rule.
+"""Proves that the tests can fail: the bugs students make, planted into copies of the flash steps
+(v6, v7, v8, and the backward steps v9 and v10; step 0's key-padding mask too), each run through
+the GPU suite, in a normal build and, for the Hopper steps, in the checked build of the
+asynchronous pipeline. Every copy must be caught by one of the two; the report says which caught
+which, and the checked build's line names the rule.
 
-  scripts/plant_bugs.py [--build-dir DIR] [--out DIR] [--jobs N] [--only ID,ID,...]
-                        [--build-only | --run-only | --check-edits]
+CMake builds the copies (configure with -DATTN_PLANTED_TESTS=ON: tests/CMakeLists.txt compiles
+each as its step is compiled, into gpu_tests_planted and gpu_tests_planted_checked) and CTest
+runs them (`ctest -L planted`); this file holds the bugs and what CMake and CTest call:
 
-Building (here, no GPU needed) writes OUT/planted/<id>.cu (and OUT/planted/<id>/ the library
-headers a bug edits, found first by that copy alone) and links, with the harness and the
-suite's objects of an existing build (default build/), OUT/gpu_tests_planted (every copy, normal
-build) and OUT/gpu_tests_planted_checked (the Hopper copies built with ATTN_CHECKED_PIPELINE=1).
-Running (on a GPU) calls `gpu_tests_planted[_checked] --step=<id>` for each copy, every test case
-but the long sequences, until the first failed check, a few copies at a time, each limited in
-time, and writes OUT/planted.csv and OUT/planted.txt. A copy that hangs by design is not run in the normal build (it would wait for the
-harness's two-minute limit on every test); the checked build's watchdog must end it.
+  tests/planted_bugs.py --check-edits             every edit still applies (no GPU, no compiler)
+  tests/planted_bugs.py --write-sources DIR       DIR/<id>.cu (and DIR/<id>/ the library headers a
+                                                  bug edits, found first by that copy alone); prints
+                                                  "id folder hopper" per bug, for CMake
+  tests/planted_bugs.py --run-one ID --binaries DIR --out DIR
+                                                  one copy through both builds (and its targeted
+                                                  test): OUT/rows/ID.csv; exit 0 when caught as
+                                                  designed, 1 when not
+  tests/planted_bugs.py --report --out DIR [--only ID,...]
+                                                  OUT/planted.csv and planted.txt from the rows;
+                                                  exit 1 when a bug run was not caught as designed
 
-Exit status: 0 when every copy was caught, 1 when one was not (the tests are weaker than they
-look), 2 on a usage error, 3 when building or running could not be done.
+A copy that hangs by design is not run in the normal build (it would wait for the harness's
+two-minute limit on every test); the checked build's watchdog must end it. Exit status 2 is a
+usage error, 3 a file or build that is not there.
 """
 import argparse
-import concurrent.futures
 import csv
 import functools
 import os
 import re
-import shutil
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @functools.lru_cache(maxsize=None)
-def step_facts(folder):
-    """How add_step() compiles steps/<folder>/ (scripts/step-facts.sh reads its step.cmake): the
-    architecture ("90a" or "90") and the -D flags of the registration's facts."""
-    lines = subprocess.run([os.path.join(REPO, "scripts", "step-facts.sh"), os.path.join(REPO, "steps", folder)],
+def is_hopper_step(folder):
+    """Whether steps/<folder>/step.cmake says ARCH 90a (scripts/step-facts.sh reads it): the
+    checked build of the pipeline has copies of its bugs too."""
+    facts = subprocess.run([os.path.join(REPO, "scripts", "step-facts.sh"), os.path.join(REPO, "steps", folder)],
                            capture_output=True, text=True, check=True).stdout.split()
-    return lines[0], tuple(lines[1:])
+    return facts[0] == "90a"
 
 
 @dataclass
@@ -55,17 +59,8 @@ class Bug:
     target: str = ""      # a test case built to catch this bug, run on its own as well
 
     @property
-    def arch(self):
-        return step_facts(self.folder)[0]
-
-    @property
     def hopper(self):
-        return self.arch == "90a"
-
-    @property
-    def facts_defines(self):
-        """What add_step() passes a step's compile from its step.cmake, for the registration."""
-        return list(step_facts(self.folder)[1])
+        return is_hopper_step(self.folder)
 
 
 V0, V6, V7, V8, V9 = "v0_naive", "v6_flash", "v7_tma_wgmma", "v8_warp_specialized", "v9_flash_backward"
@@ -277,68 +272,6 @@ def planted_sources(bug):
     return texts
 
 
-def build(args, bugs):
-    harness = [
-        os.path.join(args.build_dir, "tests/CMakeFiles/gpu_tests.dir/gpu_main.cpp.o"),
-        os.path.join(args.build_dir, "tests/CMakeFiles/gpu_tests.dir/test_steps_gpu.cpp.o"),
-        os.path.join(args.build_dir, "tests/CMakeFiles/gpu_tests.dir/test_backward_gpu.cpp.o"),
-        # v6 and v8, the forward steps v9's and v10's copies run first for O and L.
-        os.path.join(args.build_dir, "CMakeFiles/attn_v6.dir/steps/v6_flash/flash.cu.o"),
-        os.path.join(args.build_dir, "CMakeFiles/attn_v8.dir/steps/v8_warp_specialized/warp_specialized.cu.o"),
-        os.path.join(args.build_dir, "baselines/CMakeFiles/attn_eager.dir/eager_cublas.cu.o"),
-        os.path.join(args.build_dir, "harness/libattn_harness.a"),
-        os.path.join(args.build_dir, "reference/libattn_reference.a"),
-        os.path.join(args.build_dir, "contract/libattn_contract.a"),
-    ]
-    for path in harness:
-        if not os.path.isfile(path):
-            fail(f"{path} missing; build first: cmake -B {args.build_dir} && cmake --build {args.build_dir} --target gpu_tests")
-    nvcc = shutil.which("nvcc") or fail("nvcc not found")
-    source_dir = os.path.join(args.out, "planted")
-    os.makedirs(source_dir, exist_ok=True)
-
-    def compile_one(bug, checked):
-        source = os.path.join(source_dir, f"{bug.id}.cu")
-        obj = os.path.join(source_dir, f"{bug.id}{'.checked' if checked else ''}.o")
-        command = [nvcc, "-std=c++17", "-O3", "-lineinfo", "--expt-relaxed-constexpr",
-                   "-gencode", f"arch=compute_{bug.arch},code=sm_{bug.arch}",
-                   "-I" + os.path.join(REPO, "contract"),
-                   "-I" + os.path.join(source_dir, bug.id),  # its planted headers, if any
-                   "-I" + os.path.join(REPO, "steps"), f'-DATTN_STEP_ID="{bug.id}"',
-                   *bug.facts_defines, "-c", source, "-o", obj]
-        if checked:
-            command.insert(1, "-DATTN_CHECKED_PIPELINE=1")
-        result = subprocess.run(command, capture_output=True, text=True)
-        if result.returncode != 0:
-            fail(f"compiling {bug.id}{' (checked)' if checked else ''} failed:\n{result.stderr}")
-        return obj
-
-    for bug in bugs:
-        for header, text in planted_sources(bug).items():
-            path = os.path.join(source_dir, bug.id, header) if header else os.path.join(source_dir, f"{bug.id}.cu")
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            with open(path, "w") as out:
-                out.write(text)
-    jobs = [(bug, False) for bug in bugs] + [(bug, True) for bug in bugs if bug.hopper]
-    print(f"plant_bugs.py: compiling {len(jobs)} planted copies", flush=True)
-    with concurrent.futures.ThreadPoolExecutor(max(1, os.cpu_count() or 1)) as pool:
-        objects = list(pool.map(lambda job: compile_one(*job), jobs))
-    normal = [obj for obj, (bug, checked) in zip(objects, jobs) if not checked]
-    checked = [obj for obj, (bug, checked) in zip(objects, jobs) if checked]
-    link = [nvcc, "-o"]
-    for name, objs in (("gpu_tests_planted", normal), ("gpu_tests_planted_checked", checked)):
-        if not objs:
-            continue
-        binary = os.path.join(args.out, name)
-        result = subprocess.run(link + [binary] + harness[:5] + objs + harness[5:] +
-                                ["-lcublas", "-lpthread"], capture_output=True, text=True)
-        if result.returncode != 0:
-            fail(f"linking {name} failed:\n{result.stderr}")
-        print(f"plant_bugs.py: wrote {binary}", flush=True)
-    for obj in objects:
-        os.remove(obj)
-
-
 def run_suite(binary, bug_id, log_path, arguments=SUITE_ARGUMENTS):
     start = time.time()
     with open(log_path, "w") as log:
@@ -368,64 +301,81 @@ def verdict(status):
     return "caught"
 
 
-def run(args, bugs):
-    binaries = {False: os.path.join(args.out, "gpu_tests_planted"),
-                True: os.path.join(args.out, "gpu_tests_planted_checked")}
-    if not os.access(binaries[False], os.X_OK):
-        fail(f"{binaries[False]} missing: build first (without --run-only)")
+COLUMNS = ["id", "step", "bug", "normal_suite", "checked_build", "checked_rule", "expected_rule",
+           "targeted_test", "caught_by"]
+
+
+def write_sources(out_dir, bugs):
+    for bug in bugs:
+        for header, text in planted_sources(bug).items():
+            path = os.path.join(out_dir, bug.id, header) if header else os.path.join(out_dir, f"{bug.id}.cu")
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            if not os.path.isfile(path) or open(path).read() != text:  # unchanged: no rebuild
+                with open(path, "w") as out:
+                    out.write(text)
+        print(bug.id, bug.folder, int(bug.hopper))
+    return 0
+
+
+def run_one(args, bug):
+    """Runs one copy through the normal build (unless it hangs by design), the checked build (a
+    Hopper step) and its targeted test; writes OUT/rows/<id>.csv; 0 when caught as designed."""
+    binaries = {False: os.path.join(args.binaries, "gpu_tests_planted"),
+                True: os.path.join(args.binaries, "gpu_tests_planted_checked")}
+    for build in (False, True):
+        if (build or not bug.hangs) and (bug.hopper or not build) and not os.access(binaries[build], os.X_OK):
+            fail(f"{binaries[build]} missing: configure with -DATTN_PLANTED_TESTS=ON and build it")
     log_dir = os.path.join(args.out, "logs")
     os.makedirs(log_dir, exist_ok=True)
-    runs = []
+    normal = None if bug.hangs else run_suite(binaries[False], bug.id, os.path.join(log_dir, f"{bug.id}.normal.log"))
+    checked = run_suite(binaries[True], f"{bug.id}_checked", os.path.join(log_dir, f"{bug.id}.checked.log")) \
+        if bug.hopper else None
+    target = run_suite(binaries[False], bug.id, os.path.join(log_dir, f"{bug.id}.target.log"),
+                       [f"--test-case={bug.target}"]) if bug.target else None
+    if any(outcome and outcome[0] == 77 for outcome in (normal, checked, target)):
+        print(f"{bug.id}: skipped (no GPU the copy runs on)")
+        return 77
+    caught_by = [name for name, outcome in (("normal suite", normal), ("checked build", checked))
+                 if outcome and outcome[0] != 0]
+    rule = checked[1] if checked else ""
+    wrong = []
+    if bug.rule and rule != bug.rule:
+        wrong.append(f"expected rule {bug.rule}, got {rule or 'no rule'}")
+    if target and target[0] == 0:
+        wrong.append(f"its targeted test '{bug.target}' passed")
+    row = {"id": bug.id, "step": bug.folder.split("_")[0], "bug": bug.what,
+           "normal_suite": verdict(normal[0]) if normal else "not run (hangs by design)",
+           "checked_build": verdict(checked[0]) if checked else "n/a (not a Hopper step)",
+           "checked_rule": rule, "expected_rule": bug.rule,
+           "targeted_test": (f"'{bug.target}': {verdict(target[0])}" +
+                             (f" at {', '.join(failing_shapes(target[3]))}" if target[0] else "")
+                             if target else ""),
+           "caught_by": " and ".join(caught_by) or "NOT CAUGHT",
+           "not_as_designed": "; ".join(wrong)}
+    os.makedirs(os.path.join(args.out, "rows"), exist_ok=True)
+    with open(os.path.join(args.out, "rows", f"{bug.id}.csv"), "w", newline="") as out:
+        writer = csv.DictWriter(out, fieldnames=list(row))
+        writer.writeheader()
+        writer.writerow(row)
+    print(f"{bug.id}: normal suite {row['normal_suite']}, checked build {row['checked_build']}"
+          f"{' (rule ' + rule + ')' if rule else ''}; caught by {row['caught_by']}"
+          f"{'; NOT AS DESIGNED: ' + row['not_as_designed'] if wrong else ''}")
+    return 0 if caught_by and not wrong else 1
+
+
+def report(args, bugs):
+    """OUT/planted.csv and planted.txt from the rows --run-one wrote (a bug with none was not run:
+    listed, and its own test failed or was skipped); 1 when a bug run was not caught as designed."""
+    rows, missing = [], []
     for bug in bugs:
-        if not bug.hangs:
-            runs.append((bug, False))
-        if bug.hopper:
-            runs.append((bug, True))
-        if bug.target:
-            runs.append((bug, "target"))
-
-    def one(job):
-        bug, build = job
-        if build == "target":  # the targeted test case alone, every shape (no early stop)
-            log = os.path.join(log_dir, f"{bug.id}.target.log")
-            return job, run_suite(binaries[False], bug.id, log, [f"--test-case={bug.target}"])
-        log = os.path.join(log_dir, f"{bug.id}.{'checked' if build else 'normal'}.log")
-        return job, run_suite(binaries[build], bug.id, log)
-
-    results = {}
-    with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
-        for (bug, build), outcome in pool.map(one, runs):
-            results[(bug.id, build)] = outcome
-            name = {False: "normal build", True: "checked build", "target": "targeted test"}[build]
-            print(f"plant_bugs.py: {bug.id} {name}: "
-                  f"{verdict(outcome[0])} ({outcome[2]:.0f} s){' rule ' + outcome[1] if outcome[1] else ''}",
-                  flush=True)
-
-    rows, missed, wrong_rule = [], [], []
-    for bug in bugs:
-        normal = results.get((bug.id, False))
-        checked = results.get((bug.id, True))
-        target = results.get((bug.id, "target"))
-        normal_text = verdict(normal[0]) if normal else "not run (hangs by design)"
-        checked_text = verdict(checked[0]) if checked else "n/a (not a Hopper step)"
-        caught_by = [name for name, outcome in (("normal suite", normal), ("checked build", checked))
-                     if outcome and outcome[0] not in (0, 77)]
-        rule = checked[1] if checked else ""
-        if not caught_by:
-            missed.append(bug.id)
-        if bug.rule and rule != bug.rule:
-            wrong_rule.append(f"{bug.id} (expected {bug.rule}, got {rule or 'no rule'})")
-        if target and target[0] in (0, 77):
-            wrong_rule.append(f"{bug.id} (its targeted test '{bug.target}' passed)")
-        rows.append({"id": bug.id, "step": bug.folder.split("_")[0], "bug": bug.what,
-                     "normal_suite": normal_text, "checked_build": checked_text,
-                     "checked_rule": rule, "expected_rule": bug.rule,
-                     "targeted_test": (f"'{bug.target}': {verdict(target[0])}" +
-                                       (f" at {', '.join(failing_shapes(target[3]))}" if target[0] else "")
-                                       if target else ""),
-                     "caught_by": " and ".join(caught_by) or "NOT CAUGHT"})
+        path = os.path.join(args.out, "rows", f"{bug.id}.csv")
+        if not os.path.isfile(path):
+            missing.append(bug.id)
+            continue
+        with open(path, newline="") as handle:
+            rows.extend(csv.DictReader(handle))
     with open(os.path.join(args.out, "planted.csv"), "w", newline="") as out:
-        writer = csv.DictWriter(out, fieldnames=list(rows[0]))
+        writer = csv.DictWriter(out, fieldnames=COLUMNS, extrasaction="ignore")
         writer.writeheader()
         writer.writerows(rows)
     lines = [f"{'id':<16} {'normal suite':<26} {'checked build':<24} {'rule (checked build)':<22} bug"]
@@ -435,48 +385,52 @@ def run(args, bugs):
     for row in rows:
         if row["targeted_test"]:
             lines.append(f"{row['id']}: the targeted test {row['targeted_test']}")
-    lines.append(f"{len(bugs) - len(missed)} of {len(bugs)} planted bugs caught (all must be)")
-    if wrong_rule:
-        lines.append("not caught as designed: " + ", ".join(wrong_rule))
+    caught = sum(row["caught_by"] != "NOT CAUGHT" for row in rows)
+    lines.append(f"{caught} of {len(rows)} planted bugs run caught (all must be)")
+    wrong = [f"{row['id']} ({row['not_as_designed']})" for row in rows if row["not_as_designed"]]
+    if wrong:
+        lines.append("not caught as designed: " + ", ".join(wrong))
+    if missing:
+        lines.append("not run (no row; skipped, or its test did not finish): " + ", ".join(missing))
     text = "\n".join(lines) + "\n"
     open(os.path.join(args.out, "planted.txt"), "w").write(text)
     print(text, end="")
-    return 0 if not missed and not wrong_rule else 1
+    return 0 if caught == len(rows) and not wrong else 1
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--build-dir", default=os.path.join(REPO, "build"))
-    parser.add_argument("--out", default=os.path.join(REPO, "stage", "planted"))
-    parser.add_argument("--jobs", type=int, default=4, help="suites run at once (default 4)")
     parser.add_argument("--only", default="", help="comma-separated ids (default: every bug)")
-    mode = parser.add_mutually_exclusive_group()
-    mode.add_argument("--build-only", action="store_true")
-    mode.add_argument("--run-only", action="store_true")
+    parser.add_argument("--binaries", help="the build folder holding gpu_tests_planted[_checked]")
+    parser.add_argument("--out", help="where logs, rows and the report go")
+    mode = parser.add_mutually_exclusive_group(required=True)
     mode.add_argument("--check-edits", action="store_true",
                       help="only plant every bug in memory: each edit must still apply (no GPU, "
                            "no compiler; ctest runs this on every build)")
+    mode.add_argument("--write-sources", metavar="DIR")
+    mode.add_argument("--run-one", metavar="ID")
+    mode.add_argument("--report", action="store_true")
     args = parser.parse_args()
-    if args.jobs < 1:
-        parser.error("--jobs must be positive")
     bugs = BUGS
-    if args.only:
-        wanted = args.only.split(",")
-        unknown = [name for name in wanted if name not in {bug.id for bug in BUGS}]
-        if unknown:
-            parser.error(f"--only: no planted bug {', '.join(unknown)} (bugs: {', '.join(b.id for b in BUGS)})")
+    wanted = args.only.split(",") if args.only else []
+    if args.run_one:
+        wanted = [args.run_one]
+    unknown = [name for name in wanted if name not in {bug.id for bug in BUGS}]
+    if unknown:
+        parser.error(f"no planted bug {', '.join(unknown)} (bugs: {', '.join(b.id for b in BUGS)})")
+    if wanted:
         bugs = [bug for bug in BUGS if bug.id in wanted]
     if args.check_edits:
         for bug in bugs:
             planted_sources(bug)  # exits 3 with the missing text when an edit no longer applies
-        print(f"plant_bugs.py: all {len(bugs)} planted bugs still apply to steps/")
+        print(f"planted_bugs.py: all {len(bugs)} planted bugs still apply to steps/")
         return 0
+    if args.write_sources:
+        return write_sources(args.write_sources, bugs)
+    if not args.out or (args.run_one and not args.binaries):
+        parser.error("--run-one needs --binaries and --out; --report needs --out")
     os.makedirs(args.out, exist_ok=True)
-    if not args.run_only:
-        build(args, bugs)
-    if args.build_only:
-        return 0
-    return run(args, bugs)
+    return run_one(args, bugs[0]) if args.run_one else report(args, bugs)
 
 
 if __name__ == "__main__":
