@@ -367,8 +367,7 @@ def run_model_size(torch, torchvision, steps_module, library, args, name, image,
                     log(describe(row))
                     continue
                 call_ms = time_attention_call(
-                    torch, lambda step=step: steps_module.attention(q, k, v, step=step,
-                                                                    library=library))
+                    torch, lambda step=step: steps_module.attention(q, k, v, step=step))
                 row["attention_call_ms"] = number(call_ms)
                 estimate_s = max(stock_ms - stock_attention_ms + blocks * call_ms,
                                  blocks * call_ms) / 1000.0

@@ -453,6 +453,7 @@ class ChosenPerCall(Checks):
         model = torchvision.models.VisionTransformer(
             image_size=32, patch_size=8, num_layers=1, num_heads=2, hidden_dim=128,
             mlp_dim=256).cuda().half().eval()
+        torch.nn.init.normal_(model.heads.head.weight)  # torchvision's is zeros: all logits 0
         images = torch.randn(2, 3, 32, 32, device="cuda", dtype=torch.half)
         with torch.no_grad():
             expected = model(images)
