@@ -244,7 +244,7 @@ RUN_LIMIT_S = 240  # a copy's whole suite, per build
 
 
 def fail(message, status=3):
-    print(f"plant_bugs.py: {message}", file=sys.stderr)
+    print(f"planted_bugs.py: {message}", file=sys.stderr)
     sys.exit(status)
 
 

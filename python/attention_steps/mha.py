@@ -3,7 +3,8 @@ sequence-first or batch-first, with a key-padding mask.
 
 swap_multihead_attention(model) replaces every nn.MultiheadAttention of `model` with
 StepMultiheadAttention, which runs the step the library chooses for each call on its GPU (v8 on
-an H100, v6 on other GPUs from sm_80; `step="v6"` names one instead) and keeps the module's own projections and runs
+an H100, v6 on other GPUs from sm_80; `step="v6"` names one instead), keeps the module's own
+projections and runs
 
     q = query W_q^T + b_q,  k = key W_k^T + b_k,  v = value W_v^T + b_v     (the module's weights)
     o = step(q, k, v, key_padding_mask)        [B, H, N_q, D] against N_k keys
