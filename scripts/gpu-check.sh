@@ -20,8 +20,8 @@
 #              bf16, with 130 keys for 65 queries, the key-padding and causal masks, each skipped
 #              with the step's refusal where it does not serve it (tests/sanitize.sh)
 #                                                                        -> sanitizer.log, sanitizer/
-#   bench      N = 197,577,1025 (all steps, baselines), then N = 2049..16385 for the steps
-#              with no N limit (v0 excluded)                             -> bench_vit.csv, bench_long.csv
+#   bench      N = 197,577,1025 (the forward steps and the eager baseline), then N = 2049..16385
+#              for those with no N limit (v0 excluded)                   -> bench_vit.csv, bench_long.csv
 #   lse        the forward with and without L, the log-sum-exp a backward pass needs (bench and
 #              bench --log-sum-exp, alternating, LSE_WINDOWS times) for LSE_STEPS at N =
 #              197,577,1025, D = 64 and 128; a last column numbers the window    -> lse.csv

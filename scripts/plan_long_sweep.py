@@ -2,7 +2,9 @@
 """Plans the long-sequence sweep of scripts/gpu-check.sh: which steps run at which N.
 
 A step runs at a token count N when `bench --list` gives it no N limit on this GPU ("any"), it
-is not excluded, and its estimated bench time at N stays within the budget. A step this GPU
+is not excluded, the ViT sweep timed it (bench's default sweep times the forward steps; the
+backward ones are left to gpu-check's backward stage), and its estimated bench time at N stays
+within the budget. A step this GPU
 cannot run ("none": its compute capability range leaves the GPU out) is left out with that
 reason. The estimate scales the
 step's median at the largest N of the ViT sweep by (N / N_measured)^2, the growth of
@@ -135,8 +137,13 @@ def main():
                         for n in args.tokens]
             continue
         if step not in measured:
-            print(f"# {step}: no passed ViT timing to estimate from; runs at every N (bench's timeout guards)")
-            reach[step] = list(args.tokens)
+            # The backward steps and baselines (bench times them only when named; the backward
+            # stage measures them), or a forward step whose ViT timing failed: nothing to
+            # estimate from, and the eager backward alone would take minutes at N = 16385.
+            print(f"# {step}: no passed timing in the ViT sweep to estimate from; left out")
+            skipped += [(step, n, "not run by gpu-check.sh: no passed timing in the ViT sweep to "
+                                  "estimate its time from (a backward step: the backward stage times it)")
+                        for n in args.tokens]
             continue
         base_tokens, base_seconds = measured[step]
         reach[step] = []
