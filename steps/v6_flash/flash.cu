@@ -370,7 +370,7 @@ void launch_flash_for(Tiles<kHeadDim, kWarps, kRowGroups, kBlockN>, const attn::
 // The tile shape of each head dim: warps, 16-row groups per warp, keys per K/V tile. 4 warps of
 // 32 rows (128-row tiles) measured fastest at D = 64 on the H100 (chapter 07). At D = 80 and 128
 // two row groups spill past 255 registers, so 16 rows per warp there. A define replaces one, as
-// scripts/tune-v6.sh does: -DATTN_V6_TILES_D64=8\,1\,64 (nvcc needs the commas escaped).
+// scripts/tune.sh v6 does: -DATTN_V6_TILES_D64=8\,1\,64 (nvcc needs the commas escaped).
 #ifndef ATTN_V6_TILES_D32
 #define ATTN_V6_TILES_D32 4, 2, 64
 #endif

@@ -550,7 +550,7 @@ void launch_for(const attn::AttentionArgs& args) {
 // (chapter 10, docs/results/h100/tuning/): at D = 64, 208-key tiles (197, 577 and 1025 keys fill
 // 95-99% of them), two stages, two Q buffers; at D = 128, 160-key tiles with one Q buffer (two
 // would not fit next to them in 227 KB), which beat 128-key tiles with two Q buffers by 10%. A
-// define replaces one, as scripts/tune-v8.sh does: -DATTN_V8_TILES_D64=128\,2\,2. The head dims
+// define replaces one, as scripts/tune.sh v8 does: -DATTN_V8_TILES_D64=128\,2\,2. The head dims
 // of the other models (chapter 11): at D = 32 (DETR), 176-key tiles, which 1050 keys fill to
 // 99%; at D = 80 (ViT-H/14), 144-key tiles, which 257 keys fill to 89%; at D = 96, 176.
 #ifndef ATTN_V8_TILES_D32
