@@ -1,0 +1,307 @@
+#!/usr/bin/env python3
+"""Draws the chapters' figures of data movement as SVG, from the steps' own constants: the tile
+sizes, thread counts and fragment shapes are read from the step files each figure shows, so a
+figure changes when the code does, and a CPU test (ctest cpu.figures) fails while a committed
+figure is older than its code.
+
+  scripts/figures.py            writes docs/figures/*.svg
+  scripts/figures.py --check    exit 1, naming them, when a committed figure differs from what
+                                the code draws now
+
+The standard library only: each figure is a few rectangles, lines and labels.
+"""
+import argparse
+import math
+import os
+import re
+import sys
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+OUT_DIR = os.path.join(REPO, "docs", "figures")
+FONT = "font-family='Helvetica, Arial, sans-serif'"
+COLORS = ["#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1", "#9c755f"]
+VIT_TOKENS = 197  # ViT-B/16 at 224 px: 14 x 14 patches and the class token
+
+
+def step_constants(folder):
+    """{name: int} of a step file's `constexpr int kName = <integer or product>;` lines, and of
+    its `#define ATTN_..._TILES_D64 a, b, c` (as a tuple)."""
+    path = next(os.path.join(REPO, "steps", folder, name)
+                for name in os.listdir(os.path.join(REPO, "steps", folder)) if name.endswith(".cu"))
+    text = open(path).read()
+    values = {}
+    for name, expression in re.findall(r"constexpr int (k\w+) = ([\w\s*/+]+);", text):
+        try:
+            # integers and earlier constants, with C++'s integer division
+            values[name] = eval(expression.replace("/", "//"), {}, dict(values))
+        except (NameError, SyntaxError):
+            continue
+    for name, numbers in re.findall(r"#define (ATTN_\w+_TILES_D64) ([\d, ]+)\n", text):
+        values[name] = tuple(int(n) for n in numbers.split(","))
+    return values
+
+
+class Svg:
+    def __init__(self, width, height, title):
+        self.parts = [f"<svg xmlns='http://www.w3.org/2000/svg' width='{width}' height='{height}' "
+                      f"viewBox='0 0 {width} {height}' {FONT} font-size='12'>",
+                      f"<title>{title}</title>",
+                      "<defs><marker id='arrow' markerWidth='8' markerHeight='8' refX='7' refY='4' "
+                      "orient='auto'><path d='M0,0 L8,4 L0,8 z' fill='#333'/></marker></defs>",
+                      f"<rect width='{width}' height='{height}' fill='white'/>"]
+
+    def rect(self, x, y, w, h, fill="none", stroke="#333", opacity=1.0, width=1.0):
+        self.parts.append(f"<rect x='{x:.1f}' y='{y:.1f}' width='{w:.1f}' height='{h:.1f}' fill='{fill}' "
+                          f"fill-opacity='{opacity}' stroke='{stroke}' stroke-width='{width}'/>")
+
+    def text(self, x, y, label, size=12, anchor="start", weight="normal", color="#222"):
+        label = label.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+        self.parts.append(f"<text x='{x:.1f}' y='{y:.1f}' font-size='{size}' text-anchor='{anchor}' "
+                          f"font-weight='{weight}' fill='{color}'>{label}</text>")
+
+    def arrow(self, x1, y1, x2, y2, dashed=False):
+        dash = " stroke-dasharray='4,3'" if dashed else ""
+        self.parts.append(f"<line x1='{x1:.1f}' y1='{y1:.1f}' x2='{x2:.1f}' y2='{y2:.1f}' stroke='#333' "
+                          f"stroke-width='1.2' marker-end='url(#arrow)'{dash}/>")
+
+    def grid(self, x, y, rows, columns, cell_w, cell_h, stroke="#bbb"):
+        for r in range(1, rows):
+            self.parts.append(f"<line x1='{x:.1f}' y1='{y + r * cell_h:.1f}' x2='{x + columns * cell_w:.1f}' "
+                              f"y2='{y + r * cell_h:.1f}' stroke='{stroke}' stroke-width='0.5'/>")
+        for c in range(1, columns):
+            self.parts.append(f"<line x1='{x + c * cell_w:.1f}' y1='{y:.1f}' x2='{x + c * cell_w:.1f}' "
+                              f"y2='{y + rows * cell_h:.1f}' stroke='{stroke}' stroke-width='0.5'/>")
+
+    def done(self):
+        return "\n".join(self.parts + ["</svg>"]) + "\n"
+
+
+def tiling():
+    """Chapter 02 (step 1): a block's query rows stay in shared memory while K streams past them
+    in tiles; every staged K element serves all of the block's rows."""
+    c = step_constants("v1_smem_tiling")
+    rows, key_tile, head_dim, threads = c["kQueryRows"], c["kKeyTile"], c["kHeadDim"], c["kThreads"]
+    scale = 1.3
+    svg = Svg(780, 380, "Step 1: shared-memory tiling")
+    svg.text(20, 24, f"Step 1: one block of {threads} threads owns {rows} query rows of one (b, h) slice "
+             f"(N = {VIT_TOKENS}, D = {head_dim})", 14, weight="bold")
+    top = 60
+    # Q in global memory, the block's rows marked.
+    svg.text(20, top - 8, "Q in global memory")
+    svg.rect(20, top, head_dim * scale, VIT_TOKENS * scale, "#eee")
+    svg.rect(20, top + 2 * rows * scale, head_dim * scale, rows * scale, COLORS[0], opacity=0.8)
+    svg.text(20 + head_dim * scale + 6, top + 2.5 * rows * scale + 4, f"this block: {rows} rows", 11)
+    # K in global memory, cut into key tiles (the last one partial).
+    kx = 250
+    svg.text(kx, top - 8, f"K in global memory: tiles of {key_tile} keys")
+    tiles = math.ceil(VIT_TOKENS / key_tile)
+    for t in range(tiles):
+        keys = min(key_tile, VIT_TOKENS - t * key_tile)
+        svg.rect(kx, top + t * key_tile * scale, head_dim * scale, keys * scale,
+                 COLORS[1] if t == 1 else "#eee", opacity=0.8 if t == 1 else 1.0)
+        svg.text(kx + head_dim * scale + 6, top + (t * key_tile + keys / 2) * scale + 4,
+                 f"tile {t}: keys {t * key_tile}-{t * key_tile + keys - 1}" + (" (the tail)" if keys < key_tile else ""), 11)
+    # Shared memory: Q tile, the current K tile, the scores of the whole rows.
+    sx, sy = 520, top
+    svg.text(sx, sy - 8, "shared memory of the block", weight="bold")
+    svg.rect(sx - 8, sy, 236, 270, "#f7f7f7")
+    svg.rect(sx, sy + 10, head_dim * scale, rows * scale, COLORS[0], opacity=0.8)
+    svg.text(sx + head_dim * scale + 6, sy + 10 + rows * scale / 2 + 4, f"Q tile {rows} x {head_dim}", 11)
+    svg.rect(sx, sy + 50, head_dim * scale, key_tile * scale, COLORS[1], opacity=0.8)
+    svg.text(sx + head_dim * scale + 6, sy + 50 + key_tile * scale / 2, f"K tile {key_tile} x {head_dim}", 11)
+    svg.text(sx + head_dim * scale + 6, sy + 50 + key_tile * scale / 2 + 14, "(then V, the same way)", 11)
+    svg.rect(sx, sy + 150, 200, rows * scale * 2, "#ddd")
+    svg.text(sx + 4, sy + 150 + rows * scale + 4, f"scores: {rows} rows x N keys, fp32", 11)
+    svg.text(sx, sy + 215, "the softmax of whole rows needs all N:", 11)
+    svg.text(sx, sy + 229, "why step 1 has an N limit (chapter 02)", 11)
+    svg.arrow(kx + head_dim * scale + 110, top + 1.5 * key_tile * scale - 4, sx - 10, sy + 50 + key_tile * scale / 2)
+    svg.text(sx, sy + 10 + rows * scale + 14, "(this block's rows, staged once)", 10)
+    svg.text(20, 350, f"Each K element crosses from global memory once per block and serves its {rows} query rows,", 12)
+    svg.text(20, 366, "where step 0 fetched it again for every output element that needs it.", 12)
+    return svg.done()
+
+
+def coalescing():
+    """Chapter 03 (steps 1 and 2): the bytes one warp's load instruction touches when staging a
+    tile, one half per lane from 32 rows against one 16-byte chunk per lane from 4 rows."""
+    c1, c2 = step_constants("v1_smem_tiling"), step_constants("v2_coalesced")
+    head_dim, chunk_halves = c2["kHeadDim"], c2["kChunkHalves"]
+    chunks_per_row = c2["kChunksPerRow"]
+    row_bytes = head_dim * 2
+    lanes = 32
+    svg = Svg(780, 440, "Steps 1 and 2: one warp's load")
+    svg.text(20, 20, "What one warp instruction of the tile copy touches", 14, weight="bold")
+    svg.text(20, 36, f"(rows of D = {head_dim} halves, {row_bytes} bytes, each drawn as {chunks_per_row} chunks "
+             "of 16 bytes)", 12)
+    cell_w, cell_h = 30, 9
+    for panel, (x, title, note) in enumerate([
+            (20, "step 1: lane t copies row t, one half at a time",
+             f"32 rows touched for {lanes * 2} useful bytes: 32 sectors of 32 B"),
+            (410, f"step 2: lane t copies chunk t ({chunk_halves} halves, 16 B)",
+             f"{lanes * 16 // row_bytes} whole rows, {lanes * 16} contiguous bytes: 16 sectors, all used")]):
+        top = 70
+        svg.text(x, top - 10, title, 12, weight="bold")
+        svg.rect(x, top, chunks_per_row * cell_w, lanes * cell_h, "#f4f4f4")
+        svg.grid(x, top, lanes, chunks_per_row, cell_w, cell_h)
+        for lane in range(lanes):
+            if panel == 0:  # the first half of chunk 0 of row `lane`
+                svg.rect(x, top + lane * cell_h, cell_w / chunk_halves, cell_h, COLORS[lane % 8], opacity=0.9, width=0.3)
+            else:
+                row, chunk = divmod(lane, chunks_per_row)
+                svg.rect(x + chunk * cell_w, top + row * cell_h, cell_w, cell_h, COLORS[lane % 8], opacity=0.9, width=0.3)
+        for row in range(0, lanes, 8):
+            svg.text(x - 4, top + row * cell_h + 8, f"{row}", 9, anchor="end")
+        svg.text(x + chunks_per_row * cell_w + 8, top + 12, "row 0", 10)
+        svg.text(x + chunks_per_row * cell_w + 8, top + lanes * cell_h, f"row {lanes - 1}", 10)
+        svg.text(x, top + lanes * cell_h + 20, note, 11)
+    svg.text(20, 408, f"Step 1's {c1['kThreads']} threads each copy a whole row; step 2's take consecutive "
+             "16-byte chunks,", 12)
+    svg.text(20, 424, "so a warp's 32 addresses are contiguous and every byte of every sector it fetches is "
+             "used (chapter 03).", 12)
+    return svg.done()
+
+
+def wmma_fragment():
+    """Chapter 04 (step 3): S = Q K^T as 16 x 16 x 16 fragment products, one warp."""
+    c = step_constants("v3_wmma")
+    f, rows, keys, head_dim = c["kFragment"], c["kQueryRows"], c["kKeyTile"], c["kHeadDim"]
+    k_steps, n_fragments = head_dim // f, keys // f
+    s = 3.2
+    svg = Svg(800, 420, "Step 3: WMMA fragments")
+    svg.text(20, 24, f"Step 3: one warp computes a {rows} x {keys} score tile as {n_fragments} x {k_steps} products "
+             f"of {f} x {f} x {f} fragments", 14, weight="bold")
+    top = 90
+    # A: the Q tile, split along D into k-steps.
+    ax = 20
+    svg.text(ax, top - 12, f"Q tile ({rows} x {head_dim}): A fragments")
+    for k in range(k_steps):
+        svg.rect(ax + k * f * s, top, f * s, rows * s, COLORS[0] if k == 1 else "#eee", opacity=0.85)
+        svg.text(ax + (k + 0.5) * f * s, top + rows * s + 14, f"k = {k}", 10, anchor="middle")
+    # B: K^T, D x keys.
+    bx, by = 320, top - 12
+    svg.text(bx, by - 12, f"K tile transposed ({head_dim} x {keys}): B fragments")
+    for k in range(k_steps):
+        for n in range(n_fragments):
+            svg.rect(bx + n * f * s, by + k * f * s, f * s, f * s,
+                     COLORS[1] if (k == 1 and n == 2) else ("#fde2c4" if n == 2 else "#eee"), opacity=0.9)
+    # C: the score tile.
+    cx, cy = 320, by + head_dim * s + 30
+    svg.text(cx, cy - 8, f"S tile ({rows} x {keys}): C fragments, fp32 accumulators")
+    for n in range(n_fragments):
+        svg.rect(cx + n * f * s, cy, f * s, rows * s, COLORS[2] if n == 2 else "#eee", opacity=0.85)
+    svg.text(610, by + 20, "one mma_sync:", 12, weight="bold")
+    svg.text(610, by + 38, f"C[:, n=2] += A[k] x B[k, n=2]", 11)
+    svg.text(610, by + 56, f"for k = 0..{k_steps - 1} ({head_dim} / {f})", 11)
+    svg.text(610, by + 84, "the 32 lanes hold the", 11)
+    svg.text(610, by + 98, f"fragments together: {f * f // 32} elements", 11)
+    svg.text(610, by + 112, "of each per lane, in a layout", 11)
+    svg.text(610, by + 126, "the tensor cores choose", 11)
+    svg.arrow(ax + 1.5 * f * s, top + rows * s + 20, cx + 2.5 * f * s - 30, cy + rows * s / 2)
+    svg.text(20, 400, f"{k_steps} k-steps x {n_fragments} output fragments = {k_steps * n_fragments} mma_sync "
+             f"per key tile; P V the same way with P as A and V as B (chapter 04).", 12)
+    return svg.done()
+
+
+def warps_over_a_tile():
+    """Chapter 05 (step 4): the block's warps split the score tile by keys and O by columns."""
+    c = step_constants("v4_multi_warp")
+    warps, f, rows, keys, head_dim = c["kWarps"], c["kFragment"], c["kQueryRows"], c["kKeyTile"], c["kHeadDim"]
+    s = 4.0
+    svg = Svg(760, 240, "Step 4: warps over a tile")
+    svg.text(20, 24, f"Step 4: {warps} warps share the staged tiles of one block ({rows} query rows)",
+             14, weight="bold")
+    panels = [(20, f"S = Q K^T ({rows} x {keys}): warp w takes keys {f}w..{f}w+{f - 1}", keys, "keys"),
+              (390, f"O = P V ({rows} x {head_dim}): warp w owns columns {f}w..{f}w+{f - 1}", head_dim, "columns")]
+    for x, title, width, unit in panels:
+        top = 70
+        svg.text(x, top - 12, title, 12)
+        per_warp = width // warps
+        for w in range(warps):
+            svg.rect(x + w * per_warp * s, top, per_warp * s, rows * s, COLORS[w], opacity=0.8)
+            svg.text(x + (w + 0.5) * per_warp * s, top + rows * s / 2 + 4, f"warp {w}", 11, anchor="middle", color="white")
+            svg.text(x + (w + 0.5) * per_warp * s, top + rows * s + 14,
+                     f"{w * per_warp}-{(w + 1) * per_warp - 1}", 10, anchor="middle")
+        svg.text(x + width * s + 6, top + rows * s + 14, unit, 10)
+    svg.text(20, 180, f"The softmax between them is spread by rows: warp w takes rows w, w + {warps}, w + {2 * warps}, ...", 12)
+    svg.text(20, 200, f"Each warp keeps one accumulator fragment of O instead of {head_dim // f}; a block brings "
+             f"{warps} warps ({c['kThreads']} threads),", 12)
+    svg.text(20, 218, "so while one waits on shared memory or a barrier, the others keep the tensor cores busy "
+             "(chapter 05).", 12)
+    return svg.done()
+
+
+def online_softmax():
+    """Chapter 07 (step 6): the tile loop of the online softmax, with the running max m, sum l
+    and output O carried from one K/V tile to the next and rescaled when m grows."""
+    c = step_constants("v6_flash")
+    warps, row_groups, key_tile = c["ATTN_V6_TILES_D64"]
+    block_rows = 16 * row_groups * warps
+    tiles = math.ceil(VIT_TOKENS / key_tile)
+    svg = Svg(820, 360, "Step 6: the online softmax")
+    svg.text(20, 24, f"Step 6 at D = 64: a block's {block_rows} query rows ({warps} warps x {16 * row_groups} rows)",
+             14, weight="bold")
+    svg.text(20, 42, f"walk N = {VIT_TOKENS} keys in {tiles} K/V tiles of {key_tile}, carrying each row's m, l "
+             "and O from tile to tile", 14, weight="bold")
+    box_w, gap, top = 174, 28, 76
+    for t in range(tiles):
+        keys = min(key_tile, VIT_TOKENS - t * key_tile)
+        x = 20 + t * (box_w + gap)
+        svg.rect(x, top, box_w, 36, COLORS[1], opacity=0.25)
+        svg.text(x + box_w / 2, top + 15, f"K, V tile {t}", 12, anchor="middle", weight="bold")
+        svg.text(x + box_w / 2, top + 30, f"keys {t * key_tile}-{t * key_tile + keys - 1}"
+                 + (" (masked tail)" if keys < key_tile else ""), 10, anchor="middle")
+        lines = ["S = s Q K_j^T (registers)", "m' = max(m, rowmax S)", "P = exp(S - m')",
+                 "l = l e^(m - m') + rowsum P", "O = O e^(m - m') + P V_j", "m = m'"]
+        svg.rect(x, top + 48, box_w, 16 * len(lines) + 10, "#f4f4f4")
+        for i, line in enumerate(lines):
+            svg.text(x + 6, top + 66 + 16 * i, line, 11)
+        if t + 1 < tiles:
+            svg.arrow(x + box_w + 2, top + 48 + 52, x + box_w + gap - 2, top + 48 + 52)
+            svg.text(x + box_w + gap / 2, top + 48 + 44, "m, l, O", 10, anchor="middle")
+    end_x = 20 + tiles * (box_w + gap) - gap
+    svg.text(20, top + 190, "After the last tile: O = O / l, written once; L = m + log l kept for the backward pass.", 12)
+    svg.text(20, top + 210, f"Only one K/V tile and the block's Q tile are on chip at a time (shared memory), "
+             "and S and P never leave registers:", 12)
+    svg.text(20, top + 228, "N x N scores are never stored, so memory traffic grows with N, not N^2 (chapter 07).", 12)
+    svg.rect(20, top + 250, end_x - 20, 22, COLORS[0], opacity=0.2)
+    svg.text(20 + (end_x - 20) / 2, top + 265, f"Q tile ({block_rows} x 64) stays for the whole walk", 11, anchor="middle")
+    return svg.done()
+
+
+FIGURES = {
+    "02-tiling.svg": tiling,
+    "03-coalescing.svg": coalescing,
+    "04-wmma-fragment.svg": wmma_fragment,
+    "05-warps-over-a-tile.svg": warps_over_a_tile,
+    "07-online-softmax.svg": online_softmax,
+}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--check", action="store_true",
+                        help="compare the committed figures with what the code draws now")
+    args = parser.parse_args()
+    stale = []
+    for name, draw in FIGURES.items():
+        path = os.path.join(OUT_DIR, name)
+        text = draw()
+        if args.check:
+            if not os.path.isfile(path) or open(path).read() != text:
+                stale.append(name)
+            continue
+        os.makedirs(OUT_DIR, exist_ok=True)
+        with open(path, "w") as out:
+            out.write(text)
+        print(f"wrote {os.path.relpath(path, REPO)}")
+    if stale:
+        print("figures.py: these figures differ from what the code draws now (run scripts/figures.py "
+              "and commit them): " + ", ".join(stale))
+        return 1
+    if args.check:
+        print(f"figures.py: all {len(FIGURES)} figures match the code")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
