@@ -268,12 +268,56 @@ def online_softmax():
     return svg.done()
 
 
+def mask_tiles():
+    """Chapter 10 (step 8): which K/V tiles each work tile of queries loads under the causal mask,
+    and which of them need the element mask; classified element by element from the mask's
+    definition (query i sees key j where j < N_k and j <= i + diagonal), at step 8's D = 64 tiles."""
+    c = step_constants("v8_warp_specialized")
+    block_m, block_n = 64 * c["kConsumers"], c["ATTN_V8_TILES_D64"][0]
+    svg = Svg(820, 425, "Step 8: the causal mask's tile ranges")
+    svg.text(20, 22, f"Step 8 at D = 64: work tiles of {block_m} queries, K/V tiles of {block_n} keys, "
+             "under the causal mask", 14, weight="bold")
+    kinds = {"whole": ("#59a14f", "loaded, no element mask"), "partial": ("#edc948", "loaded, element mask"),
+             "skipped": ("#eeeeee", "never loaded")}
+    panels = [(20, "top left (is_causal=True): N = N_k = 577", 577, 577, 0),
+              (430, "bottom right, N = 130 queries, N_k = 577 keys", 130, 577, 577 - 130)]
+    scale = 0.5
+    for x, title, tokens, keys, diagonal in panels:
+        top = 70
+        svg.text(x, top - 14, title, 12, weight="bold")
+        q_tiles, k_tiles = math.ceil(tokens / block_m), math.ceil(keys / block_n)
+        for qt in range(q_tiles):
+            rows = range(qt * block_m, min(tokens, (qt + 1) * block_m))
+            for kt in range(k_tiles):
+                tile_keys = range(kt * block_n, (kt + 1) * block_n)
+                seen = [j < keys and j <= i + diagonal for i in rows for j in tile_keys]
+                kind = "whole" if all(seen) else "partial" if any(seen) else "skipped"
+                width = min(block_n, keys - kt * block_n)  # the last tile's tail: zero rows, not drawn
+                svg.rect(x + kt * block_n * scale, top + qt * block_m * scale, width * scale,
+                         len(rows) * scale, kinds[kind][0], opacity=0.85)
+        # The diagonal: key = row + diagonal, drawn over the tiles.
+        x0, y0 = x + max(0, diagonal) * scale, top + max(0, -diagonal) * scale
+        last = min(tokens, keys - diagonal)
+        svg.parts.append(f"<line x1='{x0:.1f}' y1='{y0:.1f}' x2='{x + (last + diagonal) * scale:.1f}' "
+                         f"y2='{top + last * scale:.1f}' stroke='#c00' stroke-width='1.5'/>")
+        svg.rect(x, top, keys * scale, tokens * scale, width=1.2)
+        svg.text(x, top + tokens * scale + 16, f"{q_tiles} work tile(s) x {k_tiles} K/V tiles; "
+                 f"keys {keys - (k_tiles - 1) * block_n} in the last (a tail)", 11)
+    for i, (kind, (color, label)) in enumerate(kinds.items()):
+        svg.rect(20 + 200 * i, 400, 14, 14, color, opacity=0.85)
+        svg.text(40 + 200 * i, 412, label, 11)
+    svg.parts.append("<line x1='620' y1='407' x2='650' y2='407' stroke='#c00' stroke-width='1.5'/>")
+    svg.text(656, 412, "the diagonal", 11)
+    return svg.done()
+
+
 FIGURES = {
     "02-tiling.svg": tiling,
     "03-coalescing.svg": coalescing,
     "04-wmma-fragment.svg": wmma_fragment,
     "05-warps-over-a-tile.svg": warps_over_a_tile,
     "07-online-softmax.svg": online_softmax,
+    "10-mask-tiles.svg": mask_tiles,
 }
 
 
