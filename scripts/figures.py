@@ -311,6 +311,54 @@ def mask_tiles():
     return svg.done()
 
 
+def ring():
+    """Chapter 10 (step 8): a ring of K buffers between the producer and the consumers, use by
+    use: the full barrier hands a slot to the consumers, the empty barrier hands it back. Order,
+    not time to scale."""
+    c = step_constants("v8_warp_specialized")
+    block_n, slots, _ = c["ATTN_V8_TILES_D64"]
+    consumers = c["kConsumers"]
+    uses = 3 * slots
+    svg = Svg(840, 345, "Step 8: the K ring")
+    svg.text(20, 22, f"Step 8's K ring at D = 64: {slots} slots of {block_n} keys, one producer, "
+             f"{consumers} consumer warpgroups", 14, weight="bold")
+    step_w, lane_producer, lane_consumer = 110, 70, 180
+    svg.text(20, lane_producer + 20, "producer", 12, weight="bold")
+    svg.text(20, lane_consumer + 20, "consumers", 12, weight="bold")
+    svg.text(20, lane_consumer + 36, f"({consumers} warpgroups)", 10)
+    x0 = 100
+    for use in range(uses):
+        slot, parity = use % slots, (use // slots) % 2
+        color = COLORS[slot]
+        px = x0 + use * step_w
+        svg.rect(px, lane_producer, 96, 34, color, opacity=0.8)
+        svg.text(px + 48, lane_producer + 14, f"TMA K tile {use}", 11, anchor="middle", color="white")
+        svg.text(px + 48, lane_producer + 28, f"into slot {slot}", 10, anchor="middle", color="white")
+        svg.text(px + 48, lane_producer - 6, f"wait empty, parity {parity ^ 1}", 9, anchor="middle")
+        cx = px + step_w * 0.45
+        svg.rect(cx, lane_consumer, 96, 34, color, opacity=0.45)
+        svg.text(cx + 48, lane_consumer + 14, f"S = Q K{use}^T", 11, anchor="middle")
+        svg.text(cx + 48, lane_consumer + 28, "wgmma reads it", 9, anchor="middle")
+        svg.text(cx + 48, lane_consumer + 48, f"wait full, parity {parity}", 9, anchor="middle")
+        svg.arrow(px + 60, lane_producer + 36, cx + 30, lane_consumer - 2)  # full: the bytes landed
+        if use + slots < uses:  # empty: released after the wgmma that read it completed
+            nx = x0 + (use + slots) * step_w
+            svg.arrow(cx + 90, lane_consumer - 2, nx + 20, lane_producer + 36, dashed=True)
+    legend_y = lane_consumer + 78
+    svg.parts.append(f"<line x1='20' y1='{legend_y}' x2='50' y2='{legend_y}' "
+                     "stroke='#333' stroke-width='1.2' marker-end='url(#arrow)'/>")
+    svg.text(56, legend_y + 4, "full barrier: arrive.expect_tx, completed by the copy's bytes", 10)
+    svg.parts.append(f"<line x1='370' y1='{legend_y}' x2='400' y2='{legend_y}' "
+                     "stroke='#333' stroke-width='1.2' stroke-dasharray='4,3' marker-end='url(#arrow)'/>")
+    svg.text(406, legend_y + 4, "empty barrier: the 8 consumer warps release", 10)
+    svg.text(660, legend_y + 4, "(order, not time to scale)", 10)
+    svg.text(20, 300, f"Use u goes to slot u % {slots} and waits for parity (u / {slots}) % 2: the producer's first "
+             f"trip round the ring passes its empty waits at once", 12)
+    svg.text(20, 318, "(the buffers start empty); from then on it refills a slot only after every consumer warp has "
+             "released it. V has a ring of its own.", 12)
+    return svg.done()
+
+
 FIGURES = {
     "02-tiling.svg": tiling,
     "03-coalescing.svg": coalescing,
@@ -318,6 +366,7 @@ FIGURES = {
     "05-warps-over-a-tile.svg": warps_over_a_tile,
     "07-online-softmax.svg": online_softmax,
     "10-mask-tiles.svg": mask_tiles,
+    "10-ring.svg": ring,
 }
 
 
