@@ -8,6 +8,8 @@ test of its own, readme_gpu_table.cmake):
   - gpu-check's stages: the stages of scripts/gpu-check.sh (its all_stages) are each described
     in its --help comment and have a row in chapter 08's table, whose count is written as
     "It runs N stages";
+  - README's chapter map: each chapter row that names a step (`stepN`) gives, as the GPUs it runs
+    on, the compute capability range `bench --list` reports for vN;
   - the SDPA entry's fallbacks: README's list between the "sdpa fallbacks" markers is the values
     of FALLBACKS in python/attention_steps/sdpa.py, in order, and _why_not names every key of
     FALLBACKS and no other (read with ast: torch need not be installed).
@@ -32,6 +34,20 @@ def hopper_mentions(text):
         line = text.count("\n", 0, match.start()) + 1
         found.append((line, numbers))
     return found
+
+
+def check_chapter_gpus(bench, root, problems):
+    listing = subprocess.run([bench, "--list"], capture_output=True, text=True).stdout
+    ranges = {f[0]: f[3] for f in (row.split("\t") for row in listing.splitlines()) if len(f) >= 4}
+    text = open(os.path.join(root, "README.md")).read()
+    rows = re.findall(r"^\| \[[^\n]*?\]\(docs/[^)]*\)[^|\n]* \| `step(\d+)` \| ([^|\n]*) \|", text, re.M)
+    if not rows:
+        problems.append("README.md: no chapter row names a step (the chapter map's format changed?)")
+    for number, gpus in rows:
+        want = ranges.get(f"v{number}")
+        if gpus.strip() != want:
+            problems.append(f"README.md chapter map: step{number} runs on '{gpus.strip()}', "
+                            f"bench --list says '{want}'")
 
 
 def check_hopper_steps(bench, root, problems):
@@ -124,12 +140,13 @@ def main():
     bench, root = sys.argv[1], sys.argv[2]
     problems = []
     check_hopper_steps(bench, root, problems)
+    check_chapter_gpus(bench, root, problems)
     check_gpu_check_stages(root, problems)
     check_sdpa_fallbacks(root, problems)
     for problem in problems:
         print(f"check_doc_lists.py: {problem}")
     if not problems:
-        print("check_doc_lists.py: the Hopper steps, gpu-check's stages and the SDPA fallbacks "
+        print("check_doc_lists.py: the Hopper steps, the chapter map's GPUs, gpu-check's stages and the SDPA fallbacks "
               "match their code")
     return 1 if problems else 0
 
