@@ -359,7 +359,62 @@ def ring():
     return svg.done()
 
 
+def roofline():
+    """Chapter 00: the roofline of the H100 the chapter quotes (its measured ceilings, from the
+    committed bench CSV), with attention's own intensity, N / 2 FLOP/byte, against eager's with
+    the N x N scores stored and read back, N D / (2 (N + D)), at D = 64."""
+    import csv
+    path = os.path.join(REPO, "docs", "results", "h100", "bench_smoke_2026-11-22.csv")
+    row = next(csv.DictReader(open(path)))
+    peak, bandwidth = float(row["tensor_peak_tflops"]), float(row["copy_gbps"])  # TFLOP/s, GB/s
+    ridge = peak * 1e12 / (bandwidth * 1e9)
+    head_dim = 64
+    svg = Svg(760, 470, "The memory wall: the roofline")
+    svg.text(20, 22, f"The roofline of an {row['gpu']}, as measured: {peak:.0f} TFLOP/s, "
+             f"{bandwidth:.0f} GB/s", 14, weight="bold")
+    left, top, width, height = 80, 50, 620, 340
+    x_low, x_high, y_low, y_high = 0.0, 4.0, 0.0, 3.2  # log10 of FLOP/byte and TFLOP/s
+
+    def at(intensity, tflops):
+        x = left + (math.log10(intensity) - x_low) / (x_high - x_low) * width
+        y = top + height - (math.log10(tflops) - y_low) / (y_high - y_low) * height
+        return x, y
+
+    svg.rect(left, top, width, height)
+    for decade in range(int(x_low), int(x_high) + 1):
+        x, _ = at(10 ** decade, 1)
+        svg.text(x, top + height + 16, f"{10 ** decade:g}", 10, anchor="middle")
+    for decade in range(int(y_low), int(y_high) + 1):
+        _, y = at(1, 10 ** decade)
+        svg.text(left - 6, y + 4, f"{10 ** decade:g}", 10, anchor="end")
+    svg.text(left + width / 2, top + height + 34, "arithmetic intensity (FLOP per byte of DRAM traffic)", 12, anchor="middle")
+    svg.text(left, top - 8, "TFLOP/s", 12, anchor="middle")
+    # The two roofs.
+    x1, y1 = at(10 ** x_low, bandwidth * 1e9 * 10 ** x_low / 1e12)
+    x2, y2 = at(ridge, peak)
+    x3, _ = at(10 ** x_high, peak)
+    svg.parts.append(f"<polyline points='{x1:.1f},{y1:.1f} {x2:.1f},{y2:.1f} {x3:.1f},{y2:.1f}' fill='none' "
+                     "stroke='#222' stroke-width='2'/>")
+    svg.text(x2 - 12, y2 - 6, f"ridge: {ridge:.0f} FLOP/byte", 11, anchor="end")
+    svg.text(at(3, 1)[0], at(3, bandwidth * 3e-3)[1] + 26, f"{bandwidth:.0f} GB/s x intensity", 11)
+    for n, color in zip((197, 577, 1025, 4097), COLORS):
+        for intensity, filled, in ((n / 2, True), (n * head_dim / (2 * (n + head_dim)), False)):
+            attainable = min(peak, bandwidth * 1e9 * intensity / 1e12)
+            x, y = at(intensity, attainable)
+            fill = color if filled else "white"
+            svg.parts.append(f"<circle cx='{x:.1f}' cy='{y:.1f}' r='5' fill='{fill}' stroke='{color}' stroke-width='2'/>")
+        x, y = at(n / 2, min(peak, bandwidth * 1e9 * (n / 2) / 1e12))
+        svg.text(x, y + (18 if n != 1025 else -10), f"N = {n}", 10, anchor="middle", color=color)
+    svg.parts.append(f"<circle cx='{left + 10}' cy='{top + height + 56}' r='5' fill='#555' stroke='#555'/>")
+    svg.text(left + 20, top + height + 60, "attention's own intensity, N / 2: reads Q, K, V, writes O", 11)
+    svg.parts.append(f"<circle cx='{left + 10}' cy='{top + height + 74}' r='5' fill='white' stroke='#555' stroke-width='2'/>")
+    svg.text(left + 20, top + height + 78, f"with the N x N scores stored and read back (eager), D = {head_dim}: "
+             f"under D / 2 = {head_dim // 2}", 11)
+    return svg.done()
+
+
 FIGURES = {
+    "00-roofline.svg": roofline,
     "02-tiling.svg": tiling,
     "03-coalescing.svg": coalescing,
     "04-wmma-fragment.svg": wmma_fragment,
