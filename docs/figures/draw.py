@@ -4,8 +4,8 @@ sizes, thread counts and fragment shapes are read from the step files each figur
 figure changes when the code does, and a CPU test (ctest cpu.figures) fails while a committed
 figure is older than its code.
 
-  scripts/figures.py            writes docs/figures/*.svg
-  scripts/figures.py --check    exit 1, naming them, when a committed figure differs from what
+  docs/figures/draw.py            writes docs/figures/*.svg
+  docs/figures/draw.py --check    exit 1, naming them, when a committed figure differs from what
                                 the code draws now
 
 The standard library only: each figure is a few rectangles, lines and labels.
@@ -16,8 +16,8 @@ import os
 import re
 import sys
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-OUT_DIR = os.path.join(REPO, "docs", "figures")
+OUT_DIR = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(OUT_DIR))
 FONT = "font-family='Helvetica, Arial, sans-serif'"
 COLORS = ["#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1", "#9c755f"]
 VIT_TOKENS = 197  # ViT-B/16 at 224 px: 14 x 14 patches and the class token
@@ -443,11 +443,11 @@ def main():
             out.write(text)
         print(f"wrote {os.path.relpath(path, REPO)}")
     if stale:
-        print("figures.py: these figures differ from what the code draws now (run scripts/figures.py "
+        print("draw.py: these figures differ from what the code draws now (run docs/figures/draw.py "
               "and commit them): " + ", ".join(stale))
         return 1
     if args.check:
-        print(f"figures.py: all {len(FIGURES)} figures match the code")
+        print(f"draw.py: all {len(FIGURES)} figures match the code")
     return 0
 
 
