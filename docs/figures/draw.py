@@ -413,6 +413,68 @@ def roofline():
     return svg.done()
 
 
+def backward_block():
+    """Chapter 13 (step 10): what one block of the Hopper backward holds and does: its K/V tile
+    stays, the Q and dO tiles stream through two rings, five products per Q tile in wgmma
+    groups, and dQ leaves through the copy engine to be added in L2. Order, not time to scale."""
+    c = step_constants("v10_hopper_backward")
+    block_m, stages = c["ATTN_V10_TILES_D64"]
+    consumers = c["kConsumers"]
+    keys = 64 * consumers
+    svg = Svg(860, 440, "Step 10: one block of the backward")
+    svg.text(20, 22, f"Step 10 at D = 64: one block owns {keys} keys ({consumers} consumers x 64) and walks "
+             f"Q tiles of {block_m} rows", 14, weight="bold")
+    # Left: what stays and what streams.
+    svg.rect(20, 50, 200, 44, COLORS[1], opacity=0.8)
+    svg.text(120, 68, f"K, V tile ({keys} keys)", 12, anchor="middle", color="white", weight="bold")
+    svg.text(120, 84, "loaded once, stays", 10, anchor="middle", color="white")
+    for t in range(3):
+        y = 120 + t * 58
+        svg.rect(20, y, 95, 40, COLORS[0], opacity=0.75)
+        svg.text(67, y + 17, f"Q tile {t}, L", 11, anchor="middle", color="white")
+        svg.text(67, y + 31, f"slot {t % stages}", 9, anchor="middle", color="white")
+        svg.rect(125, y, 95, 40, COLORS[4], opacity=0.85)
+        svg.text(172, y + 17, f"dO tile {t}, D", 11, anchor="middle", color="white")
+        svg.text(172, y + 31, f"slot {t % stages}", 9, anchor="middle", color="white")
+    svg.text(20, 305, f"producer: TMA into rings of {stages} slots", 11)
+    svg.text(20, 320, "(full / empty barriers, as in step 8)", 11)
+    svg.arrow(222, 140, 268, 140)
+    # Middle: one step of the walk, per Q tile.
+    x, y = 272, 50
+    svg.text(x, y - 6 + 0, "each consumer, for each Q tile t (its 64 keys)", 12, weight="bold")
+    steps = [(COLORS[2], "wgmma, 2 groups", "S^T = K Q_t^T,   dP^T = V dO_t^T"),
+             ("#dddddd", "registers", "P^T = exp2(S^T scale log2e - L log2e)"),
+             ("#dddddd", "registers", "dS^T = P^T o (dP^T - D), into a dS buffer"),
+             (COLORS[2], "wgmma group 1", "dV += P^T dO_t"),
+             ("#ffffff", "bar.sync", "both consumers' dS^T written"),
+             (COLORS[3], "wgmma group 2", "dQ share = dS K  -> staging"),
+             (COLORS[2], "wgmma group 3", "dK += dS^T Q_t"),
+             ("#ffffff", "release", "Q and dO slots back to the producer")]
+    for i, (color, kind, what) in enumerate(steps):
+        yy = y + 8 + i * 36
+        svg.rect(x, yy, 350, 28, color, opacity=0.35 if color not in ("#ffffff", "#dddddd") else 1.0)
+        svg.text(x + 8, yy + 18, kind, 10, weight="bold")
+        svg.text(x + 104, yy + 18, what, 11)
+    # Right: dQ through the copy engine; dK, dV at the end.
+    rx = 650
+    svg.rect(rx, 230, 190, 50, COLORS[3], opacity=0.3)
+    svg.text(rx + 95, 250, "fp32 dQ sum in L2", 12, anchor="middle", weight="bold")
+    svg.text(rx + 95, 266, "every block adds its share", 10, anchor="middle")
+    svg.arrow(x + 352, y + 8 + 5 * 36 + 14, rx - 2, 250)
+    svg.text(rx + 95, 296, "(one thread: a bulk reduce-add", 10, anchor="middle")
+    svg.text(rx + 95, 309, "from the staging buffer)", 10, anchor="middle")
+    svg.rect(rx, 60, 190, 50, COLORS[2], opacity=0.3)
+    svg.text(rx + 95, 80, "dK, dV of the block's keys", 11, anchor="middle", weight="bold")
+    svg.text(rx + 95, 96, "in registers until the walk ends", 10, anchor="middle")
+    svg.arrow(x + 352, y + 8 + 6 * 36 + 14, rx + 40, 112, dashed=True)
+    svg.text(20, 380, "Before the walk a small kernel writes D = rowsum(dO o O) and L log2e and zeroes the dQ sum; "
+             "after it, another", 12)
+    svg.text(20, 398, "turns the sum into dQ (scaled, in row order). dK and dV are written once, by the block that "
+             "owns the keys (chapter 13).", 12)
+    svg.text(660, 430, "(order, not time to scale)", 10)
+    return svg.done()
+
+
 FIGURES = {
     "00-roofline.svg": roofline,
     "02-tiling.svg": tiling,
@@ -422,6 +484,7 @@ FIGURES = {
     "07-online-softmax.svg": online_softmax,
     "10-mask-tiles.svg": mask_tiles,
     "10-ring.svg": ring,
+    "13-backward-block.svg": backward_block,
 }
 
 
