@@ -475,6 +475,52 @@ def backward_block():
     return svg.done()
 
 
+def stage_ring():
+    """Chapter 09 (step 7): K/V stages refilled by one copier thread after the whole block has
+    passed a barrier; every thread waits on the stage's full barrier. Order, not time to scale."""
+    c = step_constants("v7_tma_wgmma")
+    stages, block_n, block_m, warpgroups = c["kStages"], c["kBlockN"], c["kBlockM"], c["kWarpGroups"]
+    tiles = 3 * stages
+    svg = Svg(840, 330, "Step 7: the K/V stages")
+    svg.text(20, 22, f"Step 7: {stages} K/V stages of {block_n} keys, one copier thread, {warpgroups} warpgroups "
+             f"({block_m} query rows) computing", 14, weight="bold")
+    step_w, lane_copier, lane_block = 110, 70, 180
+    svg.text(20, lane_copier + 20, "copier", 12, weight="bold")
+    svg.text(20, lane_copier + 36, "(thread 0)", 10)
+    svg.text(20, lane_block + 20, f"all {c['kThreads']}", 12, weight="bold")
+    svg.text(20, lane_block + 36, "threads", 12, weight="bold")
+    x0 = 100
+    for tile in range(tiles):
+        stage, parity = tile % stages, (tile // stages) % 2
+        color = COLORS[stage]
+        px = x0 + tile * step_w
+        svg.rect(px, lane_copier, 96, 34, color, opacity=0.8)
+        svg.text(px + 48, lane_copier + 14, f"TMA K, V {tile}", 11, anchor="middle", color="white")
+        svg.text(px + 48, lane_copier + 28, f"into stage {stage}", 10, anchor="middle", color="white")
+        bx = px + step_w * 0.45
+        svg.rect(bx, lane_block, 96, 34, color, opacity=0.45)
+        svg.text(bx + 48, lane_block + 14, f"S, softmax, PV {tile}", 10, anchor="middle")
+        svg.text(bx + 48, lane_block + 28, "then __syncthreads", 9, anchor="middle")
+        svg.text(bx + 48, lane_block + 48, f"wait full, parity {parity}", 9, anchor="middle")
+        svg.arrow(px + 60, lane_copier + 36, bx + 30, lane_block - 2)
+        if tile + stages < tiles:  # the block's barrier frees the stage for tile + stages
+            nx = x0 + (tile + stages) * step_w
+            svg.arrow(bx + 90, lane_block - 2, nx + 20, lane_copier + 36, dashed=True)
+    legend_y = lane_block + 78
+    svg.parts.append(f"<line x1='20' y1='{legend_y}' x2='50' y2='{legend_y}' "
+                     "stroke='#333' stroke-width='1.2' marker-end='url(#arrow)'/>")
+    svg.text(56, legend_y + 4, "full barrier: arrive.expect_tx, completed by the copies' bytes", 10)
+    svg.parts.append(f"<line x1='380' y1='{legend_y}' x2='410' y2='{legend_y}' "
+                     "stroke='#333' stroke-width='1.2' stroke-dasharray='4,3' marker-end='url(#arrow)'/>")
+    svg.text(416, legend_y + 4, "the block's __syncthreads frees the stage", 10)
+    svg.text(660, legend_y + 4, "(order, not time to scale)", 10)
+    svg.text(20, 300, "The copy of tile t + 2 runs while the block computes tile t + 1; but every thread waits at "
+             "each barrier,", 12)
+    svg.text(20, 318, "so the copier cannot refill early and no warpgroup runs ahead: what step 8's roles and "
+             "empty barriers remove.", 12)
+    return svg.done()
+
+
 FIGURES = {
     "00-roofline.svg": roofline,
     "02-tiling.svg": tiling,
@@ -482,6 +528,7 @@ FIGURES = {
     "04-wmma-fragment.svg": wmma_fragment,
     "05-warps-over-a-tile.svg": warps_over_a_tile,
     "07-online-softmax.svg": online_softmax,
+    "09-stages.svg": stage_ring,
     "10-mask-tiles.svg": mask_tiles,
     "10-ring.svg": ring,
     "13-backward-block.svg": backward_block,
