@@ -190,7 +190,7 @@ def wmma_fragment():
     for n in range(n_fragments):
         svg.rect(cx + n * f * s, cy, f * s, rows * s, COLORS[2] if n == 2 else "#eee", opacity=0.85)
     svg.text(610, by + 20, "one mma_sync:", 12, weight="bold")
-    svg.text(610, by + 38, f"C[:, n=2] += A[k] x B[k, n=2]", 11)
+    svg.text(610, by + 38, "C[:, n=2] += A[k] x B[k, n=2]", 11)
     svg.text(610, by + 56, f"for k = 0..{k_steps - 1} ({head_dim} / {f})", 11)
     svg.text(610, by + 84, "the 32 lanes hold the", 11)
     svg.text(610, by + 98, f"fragments together: {f * f // 32} elements", 11)
@@ -260,7 +260,7 @@ def online_softmax():
             svg.text(x + box_w + gap / 2, top + 48 + 44, "m, l, O", 10, anchor="middle")
     end_x = 20 + tiles * (box_w + gap) - gap
     svg.text(20, top + 190, "After the last tile: O = O / l, written once; L = m + log l kept for the backward pass.", 12)
-    svg.text(20, top + 210, f"Only one K/V tile and the block's Q tile are on chip at a time (shared memory), "
+    svg.text(20, top + 210, "Only one K/V tile and the block's Q tile are on chip at a time (shared memory), "
              "and S and P never leave registers:", 12)
     svg.text(20, top + 228, "N x N scores are never stored, so memory traffic grows with N, not N^2 (chapter 07).", 12)
     svg.rect(20, top + 250, end_x - 20, 22, COLORS[0], opacity=0.2)
@@ -311,6 +311,45 @@ def mask_tiles():
     return svg.done()
 
 
+def buffer_timeline(svg, uses, slots, copy_lane, read_lane, copy, read, copy_note, full, free):
+    """What the figures of steps 7 and 8 share: use u of a ring of `slots` buffers, its copy
+    into slot u % slots on the upper lane and its read on the lower, an arrow from each copy to
+    its read (the full barrier) and a dashed one from each read to the copy that refills its
+    slot. copy(u) gives the copy box's two lines, read(u) the read box's first line, its size
+    and its second line, copy_note(u) a line above the copy (or None); full and free the
+    legend's words (free with the x it starts at). Order, not time to scale."""
+    x0, step_w = 100, 110
+    for use in range(uses):
+        slot, parity = use % slots, (use // slots) % 2
+        color = COLORS[slot]
+        px = x0 + use * step_w
+        first, second = copy(use)
+        svg.rect(px, copy_lane, 96, 34, color, opacity=0.8)
+        svg.text(px + 48, copy_lane + 14, first, 11, anchor="middle", color="white")
+        svg.text(px + 48, copy_lane + 28, second, 10, anchor="middle", color="white")
+        if copy_note:
+            svg.text(px + 48, copy_lane - 6, copy_note(use), 9, anchor="middle")
+        rx = px + step_w * 0.45
+        first, size, second = read(use)
+        svg.rect(rx, read_lane, 96, 34, color, opacity=0.45)
+        svg.text(rx + 48, read_lane + 14, first, size, anchor="middle")
+        svg.text(rx + 48, read_lane + 28, second, 9, anchor="middle")
+        svg.text(rx + 48, read_lane + 48, f"wait full, parity {parity}", 9, anchor="middle")
+        svg.arrow(px + 60, copy_lane + 36, rx + 30, read_lane - 2)  # full: the bytes landed
+        if use + slots < uses:  # the slot is free again for use + slots
+            nx = x0 + (use + slots) * step_w
+            svg.arrow(rx + 90, read_lane - 2, nx + 20, copy_lane + 36, dashed=True)
+    legend_y = read_lane + 78
+    svg.parts.append(f"<line x1='20' y1='{legend_y}' x2='50' y2='{legend_y}' "
+                     "stroke='#333' stroke-width='1.2' marker-end='url(#arrow)'/>")
+    svg.text(56, legend_y + 4, full, 10)
+    free_x, free_words = free
+    svg.parts.append(f"<line x1='{free_x}' y1='{legend_y}' x2='{free_x + 30}' y2='{legend_y}' "
+                     "stroke='#333' stroke-width='1.2' stroke-dasharray='4,3' marker-end='url(#arrow)'/>")
+    svg.text(free_x + 36, legend_y + 4, free_words, 10)
+    svg.text(660, legend_y + 4, "(order, not time to scale)", 10)
+
+
 def ring():
     """Chapter 10 (step 8): a ring of K buffers between the producer and the consumers, use by
     use: the full barrier hands a slot to the consumers, the empty barrier hands it back. Order,
@@ -322,36 +361,16 @@ def ring():
     svg = Svg(840, 345, "Step 8: the K ring")
     svg.text(20, 22, f"Step 8's K ring at D = 64: {slots} slots of {block_n} keys, one producer, "
              f"{consumers} consumer warpgroups", 14, weight="bold")
-    step_w, lane_producer, lane_consumer = 110, 70, 180
+    lane_producer, lane_consumer = 70, 180
     svg.text(20, lane_producer + 20, "producer", 12, weight="bold")
     svg.text(20, lane_consumer + 20, "consumers", 12, weight="bold")
     svg.text(20, lane_consumer + 36, f"({consumers} warpgroups)", 10)
-    x0 = 100
-    for use in range(uses):
-        slot, parity = use % slots, (use // slots) % 2
-        color = COLORS[slot]
-        px = x0 + use * step_w
-        svg.rect(px, lane_producer, 96, 34, color, opacity=0.8)
-        svg.text(px + 48, lane_producer + 14, f"TMA K tile {use}", 11, anchor="middle", color="white")
-        svg.text(px + 48, lane_producer + 28, f"into slot {slot}", 10, anchor="middle", color="white")
-        svg.text(px + 48, lane_producer - 6, f"wait empty, parity {parity ^ 1}", 9, anchor="middle")
-        cx = px + step_w * 0.45
-        svg.rect(cx, lane_consumer, 96, 34, color, opacity=0.45)
-        svg.text(cx + 48, lane_consumer + 14, f"S = Q K{use}^T", 11, anchor="middle")
-        svg.text(cx + 48, lane_consumer + 28, "wgmma reads it", 9, anchor="middle")
-        svg.text(cx + 48, lane_consumer + 48, f"wait full, parity {parity}", 9, anchor="middle")
-        svg.arrow(px + 60, lane_producer + 36, cx + 30, lane_consumer - 2)  # full: the bytes landed
-        if use + slots < uses:  # empty: released after the wgmma that read it completed
-            nx = x0 + (use + slots) * step_w
-            svg.arrow(cx + 90, lane_consumer - 2, nx + 20, lane_producer + 36, dashed=True)
-    legend_y = lane_consumer + 78
-    svg.parts.append(f"<line x1='20' y1='{legend_y}' x2='50' y2='{legend_y}' "
-                     "stroke='#333' stroke-width='1.2' marker-end='url(#arrow)'/>")
-    svg.text(56, legend_y + 4, "full barrier: arrive.expect_tx, completed by the copy's bytes", 10)
-    svg.parts.append(f"<line x1='370' y1='{legend_y}' x2='400' y2='{legend_y}' "
-                     "stroke='#333' stroke-width='1.2' stroke-dasharray='4,3' marker-end='url(#arrow)'/>")
-    svg.text(406, legend_y + 4, "empty barrier: the 8 consumer warps release", 10)
-    svg.text(660, legend_y + 4, "(order, not time to scale)", 10)
+    buffer_timeline(svg, uses, slots, lane_producer, lane_consumer,
+                    copy=lambda use: (f"TMA K tile {use}", f"into slot {use % slots}"),
+                    read=lambda use: (f"S = Q K{use}^T", 11, "wgmma reads it"),
+                    copy_note=lambda use: f"wait empty, parity {(use // slots) % 2 ^ 1}",
+                    full="full barrier: arrive.expect_tx, completed by the copy's bytes",
+                    free=(370, "empty barrier: the 8 consumer warps release"))
     svg.text(20, 300, f"Use u goes to slot u % {slots} and waits for parity (u / {slots}) % 2: the producer's first "
              f"trip round the ring passes its empty waits at once", 12)
     svg.text(20, 318, "(the buffers start empty); from then on it refills a slot only after every consumer warp has "
@@ -484,36 +503,17 @@ def stage_ring():
     svg = Svg(840, 330, "Step 7: the K/V stages")
     svg.text(20, 22, f"Step 7: {stages} K/V stages of {block_n} keys, one copier thread, {warpgroups} warpgroups "
              f"({block_m} query rows) computing", 14, weight="bold")
-    step_w, lane_copier, lane_block = 110, 70, 180
+    lane_copier, lane_block = 70, 180
     svg.text(20, lane_copier + 20, "copier", 12, weight="bold")
     svg.text(20, lane_copier + 36, "(thread 0)", 10)
     svg.text(20, lane_block + 20, f"all {c['kThreads']}", 12, weight="bold")
     svg.text(20, lane_block + 36, "threads", 12, weight="bold")
-    x0 = 100
-    for tile in range(tiles):
-        stage, parity = tile % stages, (tile // stages) % 2
-        color = COLORS[stage]
-        px = x0 + tile * step_w
-        svg.rect(px, lane_copier, 96, 34, color, opacity=0.8)
-        svg.text(px + 48, lane_copier + 14, f"TMA K, V {tile}", 11, anchor="middle", color="white")
-        svg.text(px + 48, lane_copier + 28, f"into stage {stage}", 10, anchor="middle", color="white")
-        bx = px + step_w * 0.45
-        svg.rect(bx, lane_block, 96, 34, color, opacity=0.45)
-        svg.text(bx + 48, lane_block + 14, f"S, softmax, PV {tile}", 10, anchor="middle")
-        svg.text(bx + 48, lane_block + 28, "then __syncthreads", 9, anchor="middle")
-        svg.text(bx + 48, lane_block + 48, f"wait full, parity {parity}", 9, anchor="middle")
-        svg.arrow(px + 60, lane_copier + 36, bx + 30, lane_block - 2)
-        if tile + stages < tiles:  # the block's barrier frees the stage for tile + stages
-            nx = x0 + (tile + stages) * step_w
-            svg.arrow(bx + 90, lane_block - 2, nx + 20, lane_copier + 36, dashed=True)
-    legend_y = lane_block + 78
-    svg.parts.append(f"<line x1='20' y1='{legend_y}' x2='50' y2='{legend_y}' "
-                     "stroke='#333' stroke-width='1.2' marker-end='url(#arrow)'/>")
-    svg.text(56, legend_y + 4, "full barrier: arrive.expect_tx, completed by the copies' bytes", 10)
-    svg.parts.append(f"<line x1='380' y1='{legend_y}' x2='410' y2='{legend_y}' "
-                     "stroke='#333' stroke-width='1.2' stroke-dasharray='4,3' marker-end='url(#arrow)'/>")
-    svg.text(416, legend_y + 4, "the block's __syncthreads frees the stage", 10)
-    svg.text(660, legend_y + 4, "(order, not time to scale)", 10)
+    buffer_timeline(svg, tiles, stages, lane_copier, lane_block,
+                    copy=lambda tile: (f"TMA K, V {tile}", f"into stage {tile % stages}"),
+                    read=lambda tile: (f"S, softmax, PV {tile}", 10, "then __syncthreads"),
+                    copy_note=None,
+                    full="full barrier: arrive.expect_tx, completed by the copies' bytes",
+                    free=(380, "the block's __syncthreads frees the stage"))
     svg.text(20, 300, "The copy of tile t + 2 runs while the block computes tile t + 1; but every thread waits at "
              "each barrier,", 12)
     svg.text(20, 318, "so the copier cannot refill early and no warpgroup runs ahead: what step 8's roles and "

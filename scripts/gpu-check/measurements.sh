@@ -94,15 +94,22 @@ stage_profile() {
   timeout "$(limit 900)" "$PYTHON" scripts/ncu_profile.py --build-dir "$BUILD_DIR" --out "$OUTDIR" --ncu "$ncu" --tokens 577
 }
 
-stage_pytorch() {
-  if ! "$PYTHON" -c 'import torch' 2>/dev/null; then
-    echo "skipped: torch does not import with $PYTHON"
-    return "$kSkipped"
+# Whether $PYTHON imports MODULES (a Python import list) and torch sees a CUDA device; if not,
+# says why in a stage's "skipped:" line (NAMED: how the line names the modules).
+torch_with_gpu() {
+  local modules=$1 named=$2
+  if ! "$PYTHON" -c "import $modules" 2>/dev/null; then
+    echo "skipped: $named with $PYTHON"
+    return 1
   fi
   if ! "$PYTHON" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
     echo "skipped: torch $("$PYTHON" -c 'import torch; print(torch.__version__)') sees no CUDA device"
-    return "$kSkipped"
+    return 1
   fi
+}
+
+stage_pytorch() {
+  torch_with_gpu torch "torch does not import" || return "$kSkipped"
   # The flash steps run beside PyTorch in the same process through the build's library, each
   # implementation timed in interleaved windows: the ratios of the README and chapter 10.
   local steps="" id part rc=0
@@ -136,14 +143,7 @@ stage_pytorch() {
 site="$OUTDIR/torch-site"
 trap 'rm -rf "$site"' EXIT
 with_operator() {
-  if ! "$PYTHON" -c 'import torch, torchvision' 2>/dev/null; then
-    echo "skipped: torch and torchvision do not import with $PYTHON"
-    return "$kSkipped"
-  fi
-  if ! "$PYTHON" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
-    echo "skipped: torch $("$PYTHON" -c 'import torch; print(torch.__version__)') sees no CUDA device"
-    return "$kSkipped"
-  fi
+  torch_with_gpu "torch, torchvision" "torch and torchvision do not import" || return "$kSkipped"
   [ -f "$BUILD_DIR/libattention_steps.so" ] || { echo "no $BUILD_DIR/libattention_steps.so (build the attention_steps target)"; return 1; }
   [ -d "$site/attention_steps" ] && return 0
   rm -rf python/build python/*.egg-info  # a clean build: its time is the one to report
