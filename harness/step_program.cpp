@@ -2,6 +2,7 @@
 
 #include <exception>
 #include <new>
+#include <string>
 
 #include "ceilings.hpp"
 #include "check.hpp"
@@ -13,13 +14,34 @@
 
 namespace attn {
 
+namespace {
+
+// What the step takes of the options, from its registration (the usage above names none).
+std::string takes_line(const StepInfo& step) {
+  std::string line = "  head dims";
+  for (std::size_t i = 0; i < step.head_dims.size(); ++i) {
+    line += (i ? ", " : " ") + std::to_string(step.head_dims[i]);
+  }
+  line += "; --dtype";
+  for (std::size_t i = 0; i < step.dtypes.size(); ++i) line += (i ? ", " : " ") + dtype_name(step.dtypes[i]);
+  auto flag = [&](bool takes, const char* name) { line += std::string("; ") + name + (takes ? "" : " (refused)"); };
+  flag(step.takes_kv_tokens, "--kv-tokens");
+  flag(step.takes_key_padding_mask, "--key-padding");
+  flag(step.takes_causal, "--causal");
+  flag(step.has_deterministic_mode, "--deterministic");
+  return line;
+}
+
+}  // namespace
+
 int run_step_program(const StepInfo& step, int argc, const char* const* argv, std::ostream& out,
                      std::ostream& err, GpuInfo (*open)(int device)) {
   const std::string program = "step" + step.id.substr(1);
   try {
     const StepOptions options = parse_step_options(argc, argv);
     if (options.help) {
-      out << step_usage(program) << "\nThis step (" << step.id << "): " << step.title << "\n";
+      out << step_usage(program) << "\nThis step (" << step.id << "): " << step.title << "\n"
+          << takes_line(step) << "\n";
       return kExitPassed;
     }
     if (auto reason = step.refuses(options.shape)) throw UsageError(*reason);
