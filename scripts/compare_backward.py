@@ -10,8 +10,10 @@ cuDNN), in one process, on the GPU, fp16 or bf16 [B, H, N, D]:
   flash     torch.autograd.grad of F.scaled_dot_product_attention under SDPBackend.FLASH_ATTENTION
   cudnn     the same under SDPBackend.CUDNN_ATTENTION
 
-Each is timed in windows of back-to-back calls between two CUDA events; the implementations
-alternate window by window, and the row holds the median of the windows and their extremes.
+All of them first run in turn for --warm-s seconds (the GPU reaches its top clock:
+measuring.warm_up), then each is timed in windows of back-to-back calls between two CUDA
+events; the implementations alternate window by window, each window in an order rotated by one,
+and the row holds the median of the windows and their extremes.
 FLOPs of a backward are counted as FlashAttention counts them: 2.5 times the forward's
 4 B H N^2 D. The v9 and eager rows also check their dQ, dK, dV against SDPA's math backend in
 fp32 on the same inputs (relative Frobenius error of each); v10's too.
@@ -42,6 +44,8 @@ def main(argv=None):
     parser.add_argument("--csv", required=True)
     parser.add_argument("--windows", type=int, default=7)
     parser.add_argument("--calls", type=int, default=10, help="calls per window")
+    parser.add_argument("--warm-s", type=float, default=2.0,
+                        help="seconds of warm-up, every implementation in turn, before the windows")
     parser.add_argument("--dtype", choices=("fp16", "bf16"), default="fp16")
     parser.add_argument("--causal", action="store_true", help="causal attention (top left)")
     parser.add_argument("--shapes", default="",
@@ -104,12 +108,13 @@ def main(argv=None):
                                        exact, d_o.float())
         errors = {name: [((g.float() - w).norm() / w.norm()).item() for g, w in zip(calls[name](), want)]
                   for name in ("v9", "v10", "eager") if name in calls}
+        measuring.warm_up(torch, list(calls.values()), args.warm_s)
         windows = {name: [] for name in calls}
-        for window in range(args.windows + 1):  # the first round warms and is not kept
-            for name, call in calls.items():
-                us = 1000 * measuring.window_ms(torch, call, args.calls)
-                if window > 0:
-                    windows[name].append(us)
+        names = list(calls)
+        for window in range(args.windows):
+            shift = window % len(names)
+            for name in names[shift:] + names[:shift]:
+                windows[name].append(1000 * measuring.window_ms(torch, calls[name], args.calls))
         medians = {name: statistics.median(values) for name, values in windows.items()}
         pairs = tokens * (tokens + 1) / 2.0 if args.causal else float(tokens) * tokens
         flops = 2.5 * 4.0 * batch * heads * pairs * head_dim

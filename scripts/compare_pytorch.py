@@ -11,9 +11,10 @@ same inputs. Writes one row per (implementation, N) in the bench's CSV schema
 sdpa_cudnn, sdpa_math and the steps' own; an implementation that cannot run says why in its
 status.
 
-Method, as in harness/: CUDA events around each run, 10 warm-ups, then one timed probe sets
-the count (up to 50 runs within about 2 s, at least 5). When one set of Q, K, V, O fits in L2,
-several sets rotate so no run finds its inputs in cache. One such timing is a window; every
+Method, as in harness/, after --warm-s seconds (default 2) of every implementation in turn, so
+the GPU runs at its top clock (measuring.warm_up): CUDA events around each run, 10 warm-ups,
+then one timed probe sets the count (up to 50 runs within about 2 s, at least 5). When one set
+of Q, K, V, O fits in L2, several sets rotate so no run finds its inputs in cache. One such timing is a window; every
 implementation is timed in --windows windows (default 5), interleaved: window w times each
 implementation once, in an order rotated by w, so a slow spell of the GPU lands on all of them
 instead of one. The row's median is the median of its windows' medians; min and max are
@@ -26,6 +27,7 @@ fp16 tensor GEMM rate) are measured the same way the harness does.
   scripts/compare_pytorch.py [--tokens 197,577,1025] [--batch 32] [--heads 12] [--head-dim 64]
                              [--steps all|ID,ID,...] [--windows 5] [--csv FILE] [--info FILE]
                              [--seed S] [--device K] [--dtype fp16|bf16] [--causal]
+                             [--warm-s SECONDS]
 
 --dtype bf16 runs every implementation on bf16 tensors (checked with bf16's unit roundoff, 2^-8,
 in the same rule). --causal runs causal attention: SDPA with is_causal=True, the steps with
@@ -70,6 +72,7 @@ CSV_COLUMNS = (
 WINDOW_COLUMNS = ["windows", "window_median_min_us", "window_median_max_us"]
 
 WARMUP = 10                        # harness/options.hpp: default --warmup
+WARM_S = 2.0                       # seconds of warm-up per shape before its windows (measuring.warm_up)
 AUTO_ITERS, AUTO_SECONDS = 50, 2.0  # harness/options.hpp: kAutoIters, kAutoSeconds
 MIN_ITERS = 5                      # harness/timing.cu
 MAX_BUFFER_SETS = 8                # harness/runner.cu
@@ -131,6 +134,9 @@ def parse_args(argv):
     parser.add_argument("--device", default="0", help="CUDA device index (default 0)")
     parser.add_argument("--dtype", choices=("fp16", "bf16"), default="fp16")
     parser.add_argument("--causal", action="store_true", help="causal attention (top left)")
+    parser.add_argument("--warm-s", type=float, default=WARM_S,
+                        help=f"seconds of warm-up, every implementation in turn, before a shape's "
+                             f"windows (default {WARM_S})")
     args = parser.parse_args(argv)
     args.tokens = positive_list("--tokens", args.tokens)
     for flag in ("batch", "heads", "head_dim", "device", "seed", "windows"):
@@ -139,6 +145,8 @@ def parse_args(argv):
             raise UsageError(f"--{flag.replace('_', '-')}: '{text}' is not a "
                              + ("non-negative" if flag in ("device", "seed") else "positive") + " integer")
         setattr(args, flag, int(text))
+    if args.warm_s < 0:
+        raise UsageError(f"--warm-s: {args.warm_s} is negative")
     # "all" stands for the PyTorch implementations, alone or in a list (all,v6,v7,v8).
     args.steps = [step for name in args.steps.split(",")
                   for step in (IMPLEMENTATIONS if name == "all" else [name])]
@@ -300,7 +308,7 @@ def implementation(torch, step, tools, steps_module, causal=False):
 
 
 def measure(bench, torch, steps, tools, steps_module, shape, seed, windows, dtype="fp16",
-            causal=False):
+            causal=False, warm_s=WARM_S):
     """Every implementation on one shape: {step: result dict for its row}. Each is checked once,
     then timed in `windows` windows, interleaved with the others (rotated order per window)."""
     batch, heads, tokens, head_dim = shape
@@ -347,6 +355,13 @@ def measure(bench, torch, steps, tools, steps_module, shape, seed, windows, dtyp
             timed.append((step, attention, context))
         # Keep one output per set alive, so outputs rotate through memory like the bench's O.
         outputs = [None] * sets
+        # Every implementation in turn until the GPU runs at its top clock (measuring.warm_up).
+        def warm_call(attention, context):
+            def call():
+                with context():
+                    outputs[0] = attention(*inputs[0])
+            return call
+        measuring.warm_up(torch, [warm_call(a, c) for _, a, c in timed], warm_s)
         for window in range(windows):
             shift = window % max(len(timed), 1)
             for step, attention, context in timed[shift:] + timed[:shift]:
@@ -458,7 +473,7 @@ def run(argv):
         for tokens in args.tokens:
             shape = (args.batch, args.heads, tokens, args.head_dim)
             results = measure(bench, torch, args.steps, tools, steps_module, shape, args.seed,
-                              args.windows, args.dtype, args.causal)
+                              args.windows, args.dtype, args.causal, args.warm_s)
             for step in args.steps:
                 result = results[step]
                 row = row_for(step, shape, result, ceilings, bench.gpu, args.causal)

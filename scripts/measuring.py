@@ -5,6 +5,7 @@ it runs), none loads another.
     import measuring
     per_call_ms = measuring.each_call_ms(torch, [forward] * 20)      # events around each call
     ms = measuring.window_ms(torch, lambda: step(q, k, v), calls=50)  # one window, ms per call
+    measuring.warm_up(torch, [forward, baseline], seconds=2.0)         # to the GPU's top clock
 """
 import csv
 import re
@@ -53,6 +54,22 @@ def each_call_ms(torch, runs, *, hold_ms=0.0):
         end.record()
     torch.cuda.synchronize()
     return [start.elapsed_time(end) for start, end in zip(starts, ends)]
+
+
+def warm_up(torch, runs, seconds):
+    """Calls each of `runs` in turn, waiting for the GPU after every round, until `seconds` have
+    passed; the rounds it ran. From idle an H100 takes most of a second of steady load to reach
+    its top clock (docs/results/h100/v10/clock-ramp/: 1,710 MHz rising to 1,980 over 0.7 s, with
+    nvidia-smi's reason "SW power cap"), so a few warm-up calls leave the first windows timed
+    on a slower GPU than the last, and whichever implementation runs first pays most of it."""
+    import time
+    started, rounds = time.perf_counter(), 0
+    while rounds == 0 or time.perf_counter() - started < seconds:
+        for run in runs:
+            run()
+        torch.cuda.synchronize()
+        rounds += 1
+    return rounds
 
 
 def window_ms(torch, run, calls):
