@@ -5,7 +5,7 @@
 // S is N/D times larger than Q, K, V and O: at N = 1025, D = 64 the scores are 16x the
 // inputs, written once and read twice. This is the memory wall the later steps take down.
 //
-// And its backward, "eager_backward" (chapter 12's eager row), as a framework's autograd runs
+// And its backward, "eager_backward" (chapter 15's eager row), as a framework's autograd runs
 // it with P in device memory (dS = P o (dP - D), dQ = scale dS K, dK = scale dS^T Q, dV = P^T dO):
 //   1. S = scale Q K^T         GEMM, fp32 scores        2. P = exp(S - L)     fp16, N x N
 //   3. dV = P^T dO             GEMM                     4. dP = dO V^T        GEMM, fp32 (S's memory)

@@ -49,7 +49,7 @@ def main(argv=None):
     parser.add_argument("--dtype", choices=("fp16", "bf16"), default="fp16")
     parser.add_argument("--causal", action="store_true", help="causal attention (top left)")
     parser.add_argument("--shapes", default="",
-                        help="B,H,N,D;... (default: the five of chapter 12)")
+                        help="B,H,N,D;... (default: the five of chapter 15)")
     args = parser.parse_args(argv)
     shapes = [tuple(int(x) for x in part.split(",")) for part in args.shapes.split(";") if part] \
         or SHAPES

@@ -231,7 +231,7 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out-dir", required=True)
     parser.add_argument("--parts", default="digits,vit", type=lambda t: set(t.split(",")))
-    # The recipe: chosen by --sweep runs of stock seed 0 on the H100 (chapter 12).
+    # The recipe: chosen by --sweep runs of stock seed 0 on the H100 (chapter 16).
     parser.add_argument("--steps", type=int, default=2000)
     parser.add_argument("--lr", type=float, default=7e-4, help="peak learning rate (AdamW)")
     parser.add_argument("--warmup", type=int, default=100, help="steps of linear warm-up")

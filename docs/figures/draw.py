@@ -269,7 +269,7 @@ def online_softmax():
 
 
 def mask_tiles():
-    """Chapter 10 (step 8): which K/V tiles each work tile of queries loads under the causal mask,
+    """Chapter 12 (step 8): which K/V tiles each work tile of queries loads under the causal mask,
     and which of them need the element mask; classified element by element from the mask's
     definition (query i sees key j where j < N_k and j <= i + diagonal), at step 8's D = 64 tiles."""
     c = step_constants("v8_warp_specialized")
@@ -433,7 +433,7 @@ def roofline():
 
 
 def backward_block():
-    """Chapter 13 (step 10): what one block of the Hopper backward holds and does: its K/V tile
+    """Chapter 17 (step 10): what one block of the Hopper backward holds and does: its K/V tile
     stays, the Q and dO tiles stream through two rings, five products per Q tile in wgmma
     groups, and dQ leaves through the copy engine to be added in L2. Order, not time to scale."""
     c = step_constants("v10_hopper_backward")
@@ -489,7 +489,7 @@ def backward_block():
     svg.text(20, 380, "Before the walk a small kernel writes D = rowsum(dO o O) and L log2e and zeroes the dQ sum; "
              "after it, another", 12)
     svg.text(20, 398, "turns the sum into dQ (scaled, in row order). dK and dV are written once, by the block that "
-             "owns the keys (chapter 13).", 12)
+             "owns the keys (chapter 17).", 12)
     svg.text(660, 430, "(order, not time to scale)", 10)
     return svg.done()
 
@@ -529,9 +529,9 @@ FIGURES = {
     "05-warps-over-a-tile.svg": warps_over_a_tile,
     "07-online-softmax.svg": online_softmax,
     "09-stages.svg": stage_ring,
-    "10-mask-tiles.svg": mask_tiles,
+    "12-mask-tiles.svg": mask_tiles,
     "10-ring.svg": ring,
-    "13-backward-block.svg": backward_block,
+    "17-backward-block.svg": backward_block,
 }
 
 

@@ -20,7 +20,7 @@ one tensor (a ViT's self-attention), and q, k and v are [B, H, N, D] views of th
 takes views (v7, v8) reads them where they lie and writes O in the order of q's batch and token
 dimensions (the operator's rule), so the out-projection reads O in place too; for any other step
 the operator makes the contiguous copies. Where attention is a small share of a model's time,
-these copies are what decides whether the swap pays (chapter 11). The views share their strides
+these copies are what decides whether the swap pays (chapter 13). The views share their strides
 when q, k and v come from one packed projection, or are sequence-first, or are batch-first with
 as many keys as queries; batch-first cross-attention gets the operator's copies.
 

@@ -7,7 +7,7 @@
 scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
 scale=None, enable_gqa=False) takes PyTorch's arguments and returns what PyTorch's returns. It
 runs the fastest step that serves the call on the tensors' GPU and dtype (v8 on an H100 and v6
-elsewhere, in float16 and in bfloat16: chapters 07, 10 and 12) and hands every other call to
+elsewhere, in float16 and in bfloat16: chapters 07, 10 and 16) and hands every other call to
 PyTorch's own function: the calls FALLBACKS lists (is_causal=True is served: the steps take a
 causal mask with the diagonal at the top left, as PyTorch puts it) (README's list is made from it). A gradient
 is served where a backward step serves the head dim (v10 on an H100 and v9 elsewhere serve 64

@@ -36,7 +36,7 @@ def _takes_strides(step):
 
 def needs_grad(tensors):
     """Whether autograd will want a backward of these inputs: then the forward keeps L, which the
-    backward step (v9 or v10) rebuilds P from (writing it costs the forward 1-12%, chapter 07)."""
+    backward step (v9 or v10) rebuilds P from (writing it costs the forward 1-12%, chapter 12)."""
     return torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in tensors)
 
 

@@ -1,6 +1,6 @@
 // Everything a Hopper step includes: the PTX wrappers (ptx.cuh), the swizzled layout and matrix
 // descriptors (layout.cuh), the pipeline pieces (pipeline.cuh) and the checked build
-// (checked.cuh). Chapter 09 explains the instructions, chapter 10 the pipeline and its checks.
+// (checked.cuh). Chapter 09 explains the instructions, chapters 10 and 11 the pipeline and its checks.
 #pragma once
 
 #include "hopper/checked.cuh"

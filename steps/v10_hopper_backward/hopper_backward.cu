@@ -24,7 +24,7 @@
 // same sum in the same order on every run.
 // Under the causal mask (kCausal) a block visits only the Q tiles from the first row that sees
 // its keys (policies/mask.cuh), and zeroes P (so dS) past the diagonal in the tiles it crosses.
-// Serves head dims 64 and 128, fp16 or bf16, on Hopper (sm_90a); chapter 13.
+// Serves head dims 64 and 128, fp16 or bf16, on Hopper (sm_90a); chapter 17.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -311,7 +311,7 @@ __device__ __forceinline__ void pack_gradients(uint32_t (&p_fragments)[T::kRowSt
     for (int pair = 0; pair < 4; ++pair) {
       p_fragments[s][pair] = hopper::pack_pair<Element>(s_acc[8 * s + 2 * pair], s_acc[8 * s + 2 * pair + 1]);
       // The mask in the form that leaves ptxas without a spill at each head dim: an AND with
-      // all ones or zeros at D = 64, a select on the predicate at D = 128 (chapter 13).
+      // all ones or zeros at D = 64, a select on the predicate at D = 128 (chapter 17).
       if constexpr (kHeadDim == 64) {
         ds_fragments[s][pair] =
             hopper::pack_pair<Element>(dp_acc[8 * s + 2 * pair], dp_acc[8 * s + 2 * pair + 1]) & key_bits[pair % 2];
@@ -721,7 +721,7 @@ void launch_for(const attn::BackwardArgs& args) {
   CUDA_CHECK_LAUNCH();
 }
 
-// Query rows per Q tile and Q/dO stages at each head dim, chosen by measurement (chapter 13): at
+// Query rows per Q tile and Q/dO stages at each head dim, chosen by measurement (chapter 17): at
 // D = 64, 128-row Q tiles (the consumers split dQ's rows) were 9-15% faster than 64-row ones; at
 // D = 128 the registers allow 64 rows only (dK and dV alone hold 128 a thread), and a third
 // stage gained nothing. A define replaces one: -DATTN_V10_TILES_D64=64\,2.

@@ -343,7 +343,7 @@ void launch_flash_for(Tiles<kHeadDim, kWarps, kRowGroups, kBlockN>, const attn::
   using T = Tiles<kHeadDim, kWarps, kRowGroups, kBlockN>;
   // Separate kernels, not one with `if (row_lse != nullptr)`: that test, though never taken on
   // the inference path, changed the register allocation of the whole kernel and cost it up to
-  // 11% at D = 128 on the H100 (chapter 07). The mask gets kernels of its own for the same reason.
+  // 11% at D = 128 on the H100 (chapter 12). The mask gets kernels of its own for the same reason.
   const int row_tiles = (args.tokens + T::kBlockM - 1) / T::kBlockM;
   const int64_t blocks = int64_t(row_tiles) * args.batch * args.heads;
   const float scale_log2 = float(M_LOG2E * args.scale);

@@ -24,7 +24,7 @@
 //
 // Serves head dims 32, 64, 80, 96 and 128 (those not a multiple of 64 in 32-column blocks with
 // the 64-byte swizzle, 80 padded to 96 in shared memory), in fp16 or bf16 (the kernel is a template on the element type,
-// which the tensor maps and the wgmma instructions name; chapter 12), and N_k keys for N queries
+// which the tensor maps and the wgmma instructions name; chapter 16), and N_k keys for N queries
 // (cross-attention: K's and V's maps have N_k rows, the K/V walk counts them). Tile sizes per
 // head dim are chosen by measurement (chapter 10). The rings, wgmma groups and staging buffer are
 // the pieces of steps/hopper/pipeline.cuh, which the checked build (cmake
@@ -551,7 +551,7 @@ void launch_for(const attn::AttentionArgs& args) {
 // 95-99% of them), two stages, two Q buffers; at D = 128, 160-key tiles with one Q buffer (two
 // would not fit next to them in 227 KB), which beat 128-key tiles with two Q buffers by 10%. A
 // define replaces one, as scripts/tune.sh v8 does: -DATTN_V8_TILES_D64=128\,2\,2. The head dims
-// of the other models (chapter 11): at D = 32 (DETR), 176-key tiles, which 1050 keys fill to
+// of the other models (chapter 14): at D = 32 (DETR), 176-key tiles, which 1050 keys fill to
 // 99%; at D = 80 (ViT-H/14), 144-key tiles, which 257 keys fill to 89%; at D = 96, 176.
 #ifndef ATTN_V8_TILES_D32
 #define ATTN_V8_TILES_D32 176, 2, 2

@@ -592,7 +592,7 @@ void launch_for(const attn::BackwardArgs& args) {
   CUDA_CHECK_LAUNCH();
 }
 
-// Warps per block (16 keys each) at each head dim, chosen by measurement (chapter 12). A define
+// Warps per block (16 keys each) at each head dim, chosen by measurement (chapter 15). A define
 // replaces one: -DATTN_V9_WARPS_D64=4.
 #ifndef ATTN_V9_WARPS_D64
 #define ATTN_V9_WARPS_D64 8
