@@ -76,6 +76,86 @@ class Svg:
         return "\n".join(self.parts + ["</svg>"]) + "\n"
 
 
+def naive_thread():
+    """Chapter 01 (step 0): one thread per element of O. Thread `index` = ((slice N) + i) D + c
+    computes O[i][c]; it loads row i of Q and every row of K once per score, twice per key (the
+    max, then the exp), and column c of V; the other threads load the same values again."""
+    c = step_constants("v0_naive")
+    threads = c["kThreadsPerBlock"]
+    source = open(os.path.join(REPO, "steps", "v0_naive", "naive.cu")).read()
+    served = [int(d) for d in re.search(r"\.serving\(\{([\d, ]+)\}\)", source).group(1).split(",")]
+    head_dim, tokens, warp_size = 64, VIT_TOKENS, 32  # ViT-B's head dim, which step 0 serves
+    assert head_dim in served and threads % head_dim == 0 and head_dim % warp_size == 0
+    row, column = 61, 28  # the thread drawn: slice 0
+    index = row * head_dim + column
+    block, tid = divmod(index, threads)
+    rows_per_block = threads // head_dim
+    first_row = block * threads // head_dim
+    s = 1.1
+    svg = Svg(820, 536, "Step 0: one thread per output element")
+    svg.text(20, 24, f"Step 0: one thread computes one element of O ({threads} threads per block; "
+             f"N = {tokens}, D = {head_dim})", 14, weight="bold")
+    svg.text(20, 42, f"thread index = ((slice · N) + i) · D + c computes O[i][c]; drawn: slice 0, i = {row}, "
+             f"c = {column}, index {index} = thread {tid} of block {block}", 12)
+    top, w, h = 84, head_dim * s, tokens * s
+    band = 3.0  # a row or column of one element is drawn this thick
+    panels = [(20, "Q", COLORS[0]), (215, "K", COLORS[1]), (410, "V", COLORS[2]), (605, "O", COLORS[3])]
+    for x, name, _ in panels:
+        svg.text(x, top - 8, f"{name} ({tokens} x {head_dim})", 12, weight="bold")
+        svg.rect(x, top, w, h, "#eee")
+    x = panels[0][0]
+    svg.rect(x, top + row * s - band / 2, w, band, COLORS[0], stroke=COLORS[0])
+    svg.text(x + w + 6, top + row * s + 4, f"row i = {row}", 10)
+    x = panels[1][0]
+    svg.rect(x, top, w, h, COLORS[1], opacity=0.8)
+    svg.text(x + w + 6, top + 12, f"all {tokens} rows", 10)
+    x = panels[2][0]
+    svg.rect(x + column * s - band / 2, top, band, h, COLORS[2], stroke=COLORS[2])
+    svg.text(x + w + 6, top + 12, f"column c = {column}", 10)
+    x = panels[3][0]
+    svg.rect(x, top + first_row * s, w, rows_per_block * s, "#bbb", stroke="#888", width=0.5)
+    svg.rect(x + column * s - 2.5, top + row * s - 2.5, 5, 5, COLORS[3], stroke=COLORS[3])
+    svg.text(x + w + 6, top + row * s + 4, f"O[{row}][{column}]", 10)
+    notes = [["q_i, D halves, loaded again", f"for every score: {2 * tokens} times.",
+              f"The {head_dim} threads of row i", "load the same row."],
+             ["every k_j, once per score:", "pass 1 (max), pass 2 (exp).",
+              "Every thread of the slice", "loads all of K, twice."],
+             [f"v_j[c] of every key: {tokens} halves,", "once each (pass 2).",
+              f"The {tokens} threads of column c", "load the same column."],
+             ["the one element it writes;", f"grey: its block's {rows_per_block} rows"]]
+    for (x, _, _), lines in zip(panels, notes):
+        for n, line in enumerate(lines):
+            svg.text(x, top + h + 18 + 14 * n, line, 11)
+    # The block, zoomed: its threads by index, warp by warp.
+    zy, cell_w, cell_h = top + h + 112, 7.0, 14
+    zx = 70
+    svg.text(20, zy - 10, f"Block {block} of the grid: {threads} threads = {rows_per_block} rows of O x "
+             f"{head_dim} columns; warp w = {warp_size} consecutive threads", 12, weight="bold")
+    for t in range(threads):
+        r, col = divmod(block * threads + t, head_dim)
+        warp = t // warp_size
+        svg.rect(zx + col * cell_w, zy + (r - first_row) * cell_h, cell_w, cell_h, COLORS[warp % 8],
+                 opacity=0.75, stroke="white", width=0.3)
+    for r in range(rows_per_block):
+        svg.text(zx - 6, zy + r * cell_h + 11, f"row {first_row + r}", 10, anchor="end")
+        for half in range(head_dim // warp_size):
+            warp = (r * head_dim) // warp_size + half
+            svg.text(zx + (half + 0.5) * warp_size * cell_w, zy + r * cell_h + 11, f"warp {warp}", 10,
+                     anchor="middle", color="white")
+    svg.rect(zx + column * cell_w, zy + (row - first_row) * cell_h, cell_w, cell_h, stroke="#000", width=2)
+    svg.text(zx + column * cell_w + cell_w / 2, zy + rows_per_block * cell_h + 13,
+             f"thread {tid}", 10, anchor="middle")
+    nx = zx + head_dim * cell_w + 16
+    for n, line in enumerate(["A warp's 32 lanes, one row: at each", "step of a score all load the same",
+                              "q and k element (one address), then", "32 consecutive halves of V."]):
+        svg.text(nx, zy + 10 + 14 * n, line, 11)
+    svg.text(20, zy + rows_per_block * cell_h + 40, f"Nothing is shared: every thread loads 4·N·D + N = "
+             f"{4 * tokens * head_dim + tokens:,} halves for its one element, each from global memory;", 12)
+    svg.text(20, zy + rows_per_block * cell_h + 56, "the repeats are answered by the L1 and L2 caches, "
+             "so the cost is load instructions, not DRAM bytes (chapter 01).", 12)
+    return svg.done()
+
+
 def tiling():
     """Chapter 02 (step 1): a block's query rows stay in shared memory while K streams past them
     in tiles; every staged K element serves all of the block's rows."""
@@ -227,6 +307,78 @@ def warps_over_a_tile():
              f"{warps} warps ({c['kThreads']} threads),", 12)
     svg.text(20, 218, "so while one waits on shared memory or a barrier, the others keep the tensor cores busy "
              "(chapter 05).", 12)
+    return svg.done()
+
+
+def padded_rows():
+    """Chapter 06 (step 5): the banks one 8 x 8 matrix of a fragment load (ldmatrix) reads: 8
+    tile rows, 16 bytes each at the same column. Rows of kHeadDim halves (steps 3 and 4) all
+    start on bank 0; rows of kTileStride halves start 4 banks further on each."""
+    c4, c5 = step_constants("v4_multi_warp"), step_constants("v5_large_tile")
+    banks, bank_bytes, half_bytes = 32, 4, 2
+    chunk_bytes = c5["kChunkHalves"] * half_bytes  # the 16 bytes of one row of an 8 x 8 matrix
+    rows = c5["kChunkHalves"]                      # an 8 x 8 matrix of halves: 8 rows
+    line_bytes = banks * bank_bytes
+    cell_w, line_h = 11, 20
+    tallest = math.ceil(rows * c5["kTileStride"] * half_bytes / line_bytes)  # lines of the padded rows
+    svg = Svg(820, 450, "Step 5: padded rows")
+    svg.text(20, 22, f"Step 5: rows of the Q, K and V tiles padded from {c4['kHeadDim']} to {c5['kTileStride']} "
+             f"halves, against bank conflicts", 14, weight="bold")
+    svg.text(20, 40, f"One 8 x 8 matrix of a fragment load (ldmatrix): {rows} rows, {chunk_bytes} bytes of each at the "
+             f"same column, from {banks} banks of {bank_bytes} bytes", 12)
+    for x, title, stride in [(60, f"steps 3 and 4: rows {c4['kHeadDim']} halves apart", c4["kHeadDim"]),
+                             (450, f"step 5: rows kTileStride = {c5['kTileStride']} halves apart", c5["kTileStride"])]:
+        row_bytes, data_bytes = stride * half_bytes, c5["kHeadDim"] * half_bytes
+        lines = math.ceil(rows * row_bytes / line_bytes)
+        top = 100
+        svg.text(x - 40, top - 26, title + f" ({row_bytes} B)", 12, weight="bold")
+        svg.text(x - 4, top - 6, "bank", 9, anchor="end")
+        for b in range(0, banks, 4):
+            svg.text(x + (b + 0.5) * cell_w, top - 6, f"{b}", 9, anchor="middle")
+        svg.rect(x, top, banks * cell_w, lines * line_h, "#f4f4f4")
+        hits = [0] * banks
+        for r in range(rows):
+            # row r's bytes, drawn 4-byte word by word into the lines of 32 banks; its first
+            # chunk (column 0) is what the ldmatrix reads
+            for word in range(row_bytes // bank_bytes):
+                address = r * row_bytes + word * bank_bytes
+                line, bank = divmod(address // bank_bytes, banks)
+                byte = word * bank_bytes
+                read = byte < chunk_bytes
+                fill = COLORS[r] if byte < data_bytes else "#c8c8c8"
+                svg.rect(x + bank * cell_w, top + line * line_h, cell_w, line_h, fill,
+                         opacity=0.95 if read else (0.3 if byte < data_bytes else 1.0), stroke="white", width=0.5)
+                if read:
+                    hits[bank] += 1
+            first_line, first_bank = divmod(r * row_bytes // bank_bytes, banks)
+            svg.text(x + (first_bank + chunk_bytes / bank_bytes / 2) * cell_w, top + first_line * line_h + 14,
+                     f"row {r}", 9, anchor="middle", color="white", weight="bold")
+        for line in range(lines):
+            svg.text(x - 4, top + line * line_h + 14, f"{line * line_bytes}", 9, anchor="end")
+        # The banks the 8 addresses hit, and the passes that takes.
+        hy = top + tallest * line_h + 30
+        svg.text(x - 40, hy - 8, "reads per bank:", 11)
+        for bank, count in enumerate(hits):
+            fill = "white" if count == 0 else COLORS[2] if count == 1 else COLORS[3]
+            svg.rect(x + bank * cell_w, hy, cell_w, 18, fill, opacity=0.85, stroke="#999", width=0.5)
+            if count:
+                svg.text(x + (bank + 0.5) * cell_w, hy + 13, f"{count}", 10, anchor="middle", color="white")
+        passes = max(hits)
+        used = [bank for bank, count in enumerate(hits) if count]
+        each = "once" if passes == 1 else f"{passes} times" + (" each" if min(hits[b] for b in used) == passes
+                                                              else " at most")
+        where = f"all {banks} banks" if len(used) == banks else f"banks {used[0]}-{used[-1]}" \
+            if used == list(range(used[0], used[-1] + 1)) else f"{len(used)} banks"
+        svg.text(x - 40, hy + 38, f"{where} read {each}: {passes} pass{'es' if passes > 1 else ''}", 12,
+                 weight="bold", color=COLORS[3] if passes > 1 else COLORS[2])
+    shift = c5["kTileStride"] * half_bytes // bank_bytes % banks
+    svg.text(20, 386, "Left: byte offsets from the tile's start (128-byte aligned). Grey: the padding, never read. "
+             f"Drawn at halves 0-{c5['kChunkHalves'] - 1};", 12)
+    svg.text(20, 402, f"another column shifts every row's banks alike. Row r starts at bank (r x "
+             f"{c5['kTileStride'] * half_bytes} / {bank_bytes}) mod {banks} = {shift}r mod {banks} in step 5,", 12)
+    svg.text(20, 418, f"at bank 0 in steps 3 and 4. The fp32 score rows (+{c5['kScorePad']} floats) and the O staging "
+             f"tile ({c5['kStagingStride']} floats a row) are padded", 12)
+    svg.text(20, 434, f"by {c5['kScorePad'] * 4} bytes the same way (chapter 06).", 12)
     return svg.done()
 
 
@@ -523,10 +675,12 @@ def stage_ring():
 
 FIGURES = {
     "00-roofline.svg": roofline,
+    "01-naive-thread.svg": naive_thread,
     "02-tiling.svg": tiling,
     "03-coalescing.svg": coalescing,
     "04-wmma-fragment.svg": wmma_fragment,
     "05-warps-over-a-tile.svg": warps_over_a_tile,
+    "06-padded-rows.svg": padded_rows,
     "07-online-softmax.svg": online_softmax,
     "09-stages.svg": stage_ring,
     "12-mask-tiles.svg": mask_tiles,
