@@ -30,6 +30,12 @@ std::string join_numbers(const std::vector<int>& values, const std::string& sepa
   return text;
 }
 
+std::string dtype_names(const std::vector<DType>& dtypes) {
+  std::string text;
+  for (DType dtype : dtypes) text += (text.empty() ? "" : ", ") + dtype_name(dtype);
+  return text;
+}
+
 std::string compute_capability_text(int value) {
   return std::to_string(value / 10) + "." + std::to_string(value % 10);
 }
@@ -47,9 +53,8 @@ std::optional<std::string> StepInfo::refuses(const Shape& shape) const {
            " (it serves head dims " + join_numbers(head_dims, ", ") + ")";
   }
   if (std::find(dtypes.begin(), dtypes.end(), shape.dtype) == dtypes.end()) {
-    std::string served;
-    for (DType dtype : dtypes) served += (served.empty() ? "" : ", ") + dtype_name(dtype);
-    return id + " does not serve --dtype " + dtype_name(shape.dtype) + " (it takes " + served + ")";
+    return id + " does not serve --dtype " + dtype_name(shape.dtype) + " (it takes " +
+           dtype_names(dtypes) + ")";
   }
   if (shape.key_padding && !takes_key_padding_mask) {
     return id + " does not serve --key-padding (it takes no key-padding mask)";

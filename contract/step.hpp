@@ -359,6 +359,8 @@ inline StepInfo backward_baseline_info(std::string id, std::string title, Backwa
 std::string compute_capability_text(int value);
 // {64, 128} -> "64, 128" with ", ", "64,128" with ",".
 std::string join_numbers(const std::vector<int>& values, const std::string& separator);
+// {fp16, bf16} -> "fp16, bf16".
+std::string dtype_names(const std::vector<DType>& dtypes);
 
 // The registry, filled before main() by the ATTN_REGISTER_STEP lines of the linked steps,
 // sorted by id (v0 < v1 < ... < v10, then the baselines).

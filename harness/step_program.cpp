@@ -18,12 +18,8 @@ namespace {
 
 // What the step takes of the options, from its registration (the usage above names none).
 std::string takes_line(const StepInfo& step) {
-  std::string line = "  head dims";
-  for (std::size_t i = 0; i < step.head_dims.size(); ++i) {
-    line += (i ? ", " : " ") + std::to_string(step.head_dims[i]);
-  }
-  line += "; --dtype";
-  for (std::size_t i = 0; i < step.dtypes.size(); ++i) line += (i ? ", " : " ") + dtype_name(step.dtypes[i]);
+  std::string line = "  head dims " + join_numbers(step.head_dims, ", ") + "; --dtype " +
+                     dtype_names(step.dtypes);
   auto flag = [&](bool takes, const char* name) { line += std::string("; ") + name + (takes ? "" : " (refused)"); };
   flag(step.takes_kv_tokens, "--kv-tokens");
   flag(step.takes_key_padding_mask, "--key-padding");

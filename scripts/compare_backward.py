@@ -51,6 +51,8 @@ def main(argv=None):
     parser.add_argument("--shapes", default="",
                         help="B,H,N,D;... (default: the five of chapter 15)")
     args = parser.parse_args(argv)
+    if args.warm_s < 0:
+        parser.error(f"--warm-s: {args.warm_s} is negative")
     shapes = [tuple(int(x) for x in part.split(",")) for part in args.shapes.split(";") if part] \
         or SHAPES
 
