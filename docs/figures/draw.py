@@ -24,12 +24,13 @@ VIT_TOKENS = 197  # ViT-B/16 at 224 px: 14 x 14 patches and the class token
 
 
 def step_constants(folder):
-    """{name: int} of a step file's `constexpr int kName = <integer or product>;` lines, and of
-    its `#define ATTN_..._TILES_D64 a, b, c` (as a tuple)."""
+    """{name: int} of a step file's `constexpr int kName = <integer or product>;` lines (a template
+    parameter's default, `int kName_ = 2`, counted as kName_), and of its
+    `#define ATTN_..._TILES_D64 a, b, c` (as a tuple)."""
     path = next(os.path.join(REPO, "steps", folder, name)
                 for name in os.listdir(os.path.join(REPO, "steps", folder)) if name.endswith(".cu"))
     text = open(path).read()
-    values = {}
+    values = {name: int(default) for name, default in re.findall(r"int (k\w+_) = (\d+)[,>]", text)}
     for name, expression in re.findall(r"constexpr int (k\w+) = ([\w\s*/+]+);", text):
         try:
             # integers and earlier constants, with C++'s integer division
@@ -423,9 +424,11 @@ def online_softmax():
 def mask_tiles():
     """Chapter 12 (step 8): which K/V tiles each work tile of queries loads under the causal mask,
     and which of them need the element mask; classified element by element from the mask's
-    definition (query i sees key j where j < N_k and j <= i + diagonal), at step 8's D = 64 tiles."""
+    definition (query i sees key j where j < N_k and j <= i + diagonal), at step 8's causal D = 64
+    tiles (keys, stages, Q buffers, consumers of 64 rows)."""
     c = step_constants("v8_warp_specialized")
-    block_m, block_n = 64 * c["kConsumers"], c["ATTN_V8_TILES_D64"][0]
+    block_n, _, _, consumers = c["ATTN_V8_CAUSAL_TILES_D64"]
+    block_m = 64 * consumers
     svg = Svg(820, 425, "Step 8: the causal mask's tile ranges")
     svg.text(20, 22, f"Step 8 at D = 64: work tiles of {block_m} queries, K/V tiles of {block_n} keys, "
              "under the causal mask", 14, weight="bold")

@@ -176,7 +176,7 @@ inline void describe(const Violation& v, const char* step, Line& line) {
         line.append((long long)v.slot);
         line.append(" (turn ");
         line.append((long long)v.use);
-        line.append(") without having waited for it: the other consumer's next wait counts an "
+        line.append(") without having waited for it: the next consumer's next wait counts an "
                     "arrival for a turn this one never took");
       } else {
         line.append("released ");

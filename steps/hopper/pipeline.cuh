@@ -5,7 +5,7 @@
 //   Ring           kSlots buffers used in turn, each guarded by a "full" mbarrier (the copy has
 //                  landed) and, where the consumers hand buffers back one by one (v8), an "empty"
 //                  one (every consumer warp has finished with it)
-//   PingPong       v8's two consumers taking turns on the tensor cores
+//   PingPong       v8's consumers taking turns on the tensor cores
 //   StagingBuffer  a shared-memory tile that leaves through the copy engine: written by ordinary
 //                  stores, read by an asynchronous TMA store (O) or bulk reduce-add (v10's dQ)
 //   ThreadOperand  kSlots shared-memory tiles that threads write and wgmma reads (v10's dS^T)
@@ -32,10 +32,11 @@ namespace hopper {
 
 // ---- Named barriers (bar.sync; id 0 is __syncthreads) -------------------------------------------
 
+// Room for three consumer warpgroups (v8's 192-row tiles); the hardware has 16 ids.
 enum class NamedBarrier : uint32_t {
-  epilogue = 1,  // + warpgroup: one warpgroup's 128 threads, around its O epilogue (ids 1, 2)
-  turn = 3,      // + consumer: consumer c may issue its GEMMs (v8's ping-pong; ids 3, 4)
-  ds_ready = 5,  // both consumers: every row of a Q tile's dS^T is in shared memory (v10)
+  epilogue = 1,  // + warpgroup: one warpgroup's 128 threads, around its O epilogue (ids 1-3)
+  turn = 4,      // + consumer: consumer c may issue its GEMMs (v8's ping-pong; ids 4-6)
+  ds_ready = 7,  // both consumers: every row of a Q tile's dS^T is in shared memory (v10)
 };
 __device__ __forceinline__ void named_barrier_sync(NamedBarrier barrier, int index, uint32_t threads) {
   bar_sync(uint32_t(barrier) + index, threads);
@@ -246,16 +247,20 @@ class Ring {
 
 // ---- The ping-pong turn -------------------------------------------------------------------------
 
-// v8's two consumers take turns issuing their GEMMs: consumer c waits at barrier turn + c, then
-// hands the turn over by arriving at the other's. Consumer 1 hands consumer 0 the first turn.
+// v8's consumers take turns issuing their GEMMs, round the ring 0, 1, ..., consumers - 1, 0:
+// consumer c waits at barrier turn + c, then hands the turn on by arriving at the next one's.
+// The last consumer hands consumer 0 the first turn.
 class PingPong {
  public:
-  __device__ explicit PingPong(int consumer) : consumer_(consumer) {}
+  __device__ PingPong(int consumer, int consumers)
+      : consumer_(consumer), next_((consumer + 1) % consumers) {}
 
-  // Consumer 1, once, at the start: consumer 0 goes first.
+  // The last consumer, once, at the start: consumer 0 goes first.
   __device__ void hand_over_first_turn() {
-    named_barrier_arrive(NamedBarrier::turn, 1 - consumer_, 256);
+    named_barrier_arrive(NamedBarrier::turn, next_, 256);
   }
+  // Barrier turn + c counts 256 threads: c's own 128 waiting and the 128 of the one before it
+  // arriving.
   __device__ void wait_for_turn() {
     named_barrier_sync(NamedBarrier::turn, consumer_, 256);
 #if ATTN_CHECKED_PIPELINE
@@ -263,18 +268,18 @@ class PingPong {
 #endif
   }
   // Only a consumer that holds the turn may pass it: an arrival without the wait before it lets
-  // the other consumer's next wait through for a turn this one never took.
+  // the next consumer's next wait through for a turn this one never took.
   __device__ void pass_turn() {
 #if ATTN_CHECKED_PIPELINE
     check(held_, Rule::arrive_without_wait, Buffer::turn, consumer_, turns_);
     held_ = false;
     ++turns_;
 #endif
-    named_barrier_arrive(NamedBarrier::turn, 1 - consumer_, 256);
+    named_barrier_arrive(NamedBarrier::turn, next_, 256);
   }
 
  private:
-  int consumer_;
+  int consumer_, next_;
 #if ATTN_CHECKED_PIPELINE
   bool held_ = false;
   int turns_ = 0;

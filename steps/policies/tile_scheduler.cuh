@@ -11,8 +11,16 @@
 //     so a block's next tile is loaded while it finishes the current one. Every role of the
 //     block walks the same sequence, so they agree on it without talking.
 //
-// Under a causal mask a row tile near the bottom walks many more K/V tiles than one near the
-// top, and when the tiles per slice divide the blocks (33 into 132 at N = 4097) a persistent
+// Under a causal mask a backward block's K/V tile decides its work: the keys of tile 0 are seen
+// by every query row, those of the last tile by the last rows only. Handed out slice by slice,
+// each slice's longest block comes first, so the last slice's starts near the end of the launch
+// and runs on after every other block has finished. longest_first() hands them out in groups of
+// a few slices instead, K/V tile 0 of each slice of the group, then tile 1, ...: the long blocks
+// start early and the short ones fill in behind them, while the blocks running at once still
+// share the Q and dO of a few slices in L2.
+//
+// Under a causal mask a forward's row tile near the bottom walks many more K/V tiles than one
+// near the top, and when the tiles per slice divide the blocks (33 into 132 at N = 4097) a persistent
 // block would take the same row tile every round: the block with the longest would take twice
 // the mean. So with kBalanceRounds every other full round hands its tiles out in reverse, and a
 // block that took a long row tile in one round takes the matching short one in the next (a
@@ -42,6 +50,15 @@ struct TileScheduler {
   // as blockIdx.x is: the divisions stay the unsigned ones the steps always compiled to.
   __device__ __forceinline__ WorkTile this_block() const {
     const int slice = blockIdx.x / unsigned(tiles_per_slice), tile = blockIdx.x % unsigned(tiles_per_slice);
+    return {slice, slice % heads, slice / heads, tile, tile * kRowsPerTile};
+  }
+  // One block per work tile, longest first within groups of group_slices slices (the launch's
+  // blocks are slices x tiles_per_slice; the last group may have fewer slices).
+  __device__ __forceinline__ WorkTile longest_first(int group_slices) const {
+    const int slices = int(gridDim.x) / tiles_per_slice, index = int(blockIdx.x);
+    const int group_size = group_slices * tiles_per_slice, first_slice = index / group_size * group_slices;
+    const int slices_here = min(group_slices, slices - first_slice), in_group = index % group_size;
+    const int slice = first_slice + in_group % slices_here, tile = in_group / slices_here;
     return {slice, slice % heads, slice / heads, tile, tile * kRowsPerTile};
   }
 };

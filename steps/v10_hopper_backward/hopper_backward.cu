@@ -47,6 +47,9 @@ using hopper::Buffer;
 using hopper::NamedBarrier;
 
 constexpr float kLog2e = 1.4426950408889634f;
+// Slices per group of the causal mask's longest-first order: four slices' blocks fill about one
+// wave of 132 SMs at N = 4097 (33 K/V tiles each), and their Q and dO (1-2 MB a slice) stay in L2.
+constexpr int kCausalGroupSlices = 4;
 
 // ---- Tile geometry and shared memory --------------------------------------------------------
 
@@ -438,8 +441,11 @@ __global__ void __launch_bounds__(T::kThreads, 1)
 
   const int warp_group = threadIdx.x / 128;
   const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
-  // Block b: K/V tile b % key_tiles of slice b / key_tiles (policies/tile_scheduler.cuh).
-  const policies::WorkTile work = policies::TileScheduler<kBlockN>{key_tiles, heads}.this_block();
+  // Block b: K/V tile b % key_tiles of slice b / key_tiles; under the causal mask, the longest
+  // first within groups of kCausalGroupSlices slices (policies/tile_scheduler.cuh).
+  const policies::TileScheduler<kBlockN> scheduler{key_tiles, heads};
+  const policies::WorkTile work =
+      kCausal ? scheduler.longest_first(kCausalGroupSlices) : scheduler.this_block();
   const int key_tile = work.tile, slice = work.slice;
   const int key0 = work.row0;
   hopper::StagingBuffer dq_staging(warp_group - 1, Buffer::dq_staging);
@@ -689,9 +695,10 @@ void launch_for(const attn::BackwardArgs& args) {
   };
   const CUtensorMap q_map = map(args.q, T::kBlockM), k_map = map(args.k, T::kBlockN),
                     v_map = map(args.v, T::kBlockN), d_o_map = map(args.d_o, T::kBlockM);
-  // Block b serves K/V tile b % key_tiles of slice b / key_tiles. In the deterministic mode a
-  // block waits only for the blocks of its slice's earlier K/V tiles, which have lower indices:
-  // the GPU starts blocks in index order, so those are running or done, and never wait on it.
+  // Block b serves K/V tile b % key_tiles of slice b / key_tiles (under the causal mask, in the
+  // longest-first order of groups of slices). In the deterministic mode a block waits only for
+  // the blocks of its slice's earlier K/V tiles, which have lower indices in either order: the
+  // GPU starts blocks in index order, so those are running or done, and never wait on it.
   // (Under the causal mask the Q tiles a K/V tile visits are also visited by every earlier one.)
   const int64_t blocks = slices * key_tiles;
   if (blocks > INT32_MAX) throw attn::CudaError("v10: more than 2^31 blocks");

@@ -8,13 +8,13 @@
 //     (setmaxnreg.dec) to the two consumer warpgroups, which take them (setmaxnreg.inc);
 //   - two consumer warpgroups, 64 query rows each, that only compute. Each tells the producer
 //     when it has finished with a K/V stage or a Q buffer ("empty" barriers, the reverse of v7's
-//     "full" ones), so a stage is refilled the moment both are done with it, not at a barrier
-//     of the whole block;
+//     "full" ones), so a stage is refilled the moment all are done with it, not at a barrier
+//     of the whole block (three consumers under the causal mask at D = 64: below);
 //   - inside each consumer, the next tile's S = Q K^T is issued before this tile's softmax, and
 //     P V of the previous tile runs on the tensor cores while the softmax of the next runs on
 //     the other units (intra-warpgroup overlap). The K/V tiles are visited last to first, so
 //     the only partial tile, the last, is the first one, peeled off the loop with its mask;
-//   - the two consumers take turns on the tensor cores (ping-pong): each issues its two GEMMs
+//   - the consumers take turns on the tensor cores (ping-pong): each issues its two GEMMs
 //     only after the other has issued its own, so one's softmax (the exponentials' special
 //     function unit) runs while the other's GEMMs run, instead of both waiting on the same unit;
 //   - persistent blocks: one per SM, each walking a list of (slice, 128-row tile) work tiles.
@@ -26,7 +26,8 @@
 // the 64-byte swizzle, 80 padded to 96 in shared memory), in fp16 or bf16 (the kernel is a template on the element type,
 // which the tensor maps and the wgmma instructions name; chapter 16), and N_k keys for N queries
 // (cross-attention: K's and V's maps have N_k rows, the K/V walk counts them). Tile sizes per
-// head dim are chosen by measurement (chapter 10). The rings, wgmma groups and staging buffer are
+// head dim are chosen by measurement (chapter 10); under the causal mask at D = 64, three
+// consumers share 192-row tiles against 128-key ones (chapter 12). The rings, wgmma groups and staging buffer are
 // the pieces of steps/hopper/pipeline.cuh, which the checked build (cmake
 // -DATTN_CHECKED_PIPELINE=ON) turns into a checker of the protocol.
 #include <cuda_bf16.h>
@@ -34,8 +35,10 @@
 
 #include <cmath>
 #include <cstdint>
+#include <set>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
 #include "cuda_check.hpp"
 #include "dispatch.hpp"
@@ -60,7 +63,7 @@ using Scheduler = policies::PersistentScheduler<T::kBlockM, kCausal>;
 
 // ---- Tile geometry and shared memory --------------------------------------------------------
 
-template <int kHeadDim_, int kBlockN_, int kStages_, int kQBuffers_>
+template <int kHeadDim_, int kBlockN_, int kStages_, int kQBuffers_, int kConsumers_ = 2>
 struct Tiles {
   static constexpr int kHeadDim = kHeadDim_;
   // Head dims that are multiples of 64 are tiled in 128-byte swizzle blocks of 64 columns; the
@@ -71,7 +74,7 @@ struct Tiles {
       kHeadDim % 64 == 0 ? hopper::Swizzle::bytes128 : hopper::Swizzle::bytes64;
   static constexpr int kSwizzleColumns = hopper::row_columns(kSwizzle);
   static constexpr int kTileColumns = (kHeadDim + kSwizzleColumns - 1) / kSwizzleColumns * kSwizzleColumns;
-  static constexpr int kConsumers = 2;                 // consumer warpgroups
+  static constexpr int kConsumers = kConsumers_;       // consumer warpgroups: 2, or 3
   static constexpr int kThreads = 128 * (1 + kConsumers);  // warpgroup 0 is the producer
   static constexpr int kBlockM = 64 * kConsumers;      // query rows per work tile
   static constexpr int kBlockN = kBlockN_;             // keys per K and V tile
@@ -80,10 +83,11 @@ struct Tiles {
   static constexpr int kColumnBlocks = kTileColumns / kSwizzleColumns;
   static constexpr int kDSteps = kTileColumns / 16;
   static constexpr int kKeySteps = kBlockN / 16;
-  // Registers per thread after the hand-over: the producer keeps 24, each consumer gets 240
-  // (128 * 24 + 256 * 240 = 64,512 of the SM's 65,536).
+  // Registers per thread after the hand-over: the producer keeps 24, the consumers share the
+  // rest of the SM's 65,536 in multiples of 8: 240 each for two (128 * 24 + 256 * 240 = 64,512),
+  // 160 each for three (64,512 too).
   static constexpr int kProducerRegisters = 24;
-  static constexpr int kConsumerRegisters = 240;
+  static constexpr int kConsumerRegisters = (65536 - 128 * kProducerRegisters) / (128 * kConsumers) / 8 * 8;
   static constexpr uint32_t kElementBytes = 2;  // fp16 or bf16
   static constexpr uint32_t kQBytes = kBlockM * kTileColumns * kElementBytes;  // whole boxes,
   static constexpr uint32_t kKVBytes = kBlockN * kTileColumns * kElementBytes;  // zeros included
@@ -119,7 +123,7 @@ constexpr uint32_t kConsumerWarps = 4 * T::kConsumers;
 // warp's own instruction-level parallelism decides its speed.
 constexpr int kSoftmaxChains = 4;
 
-// The K/V tiles of a work tile, the same number for the producer and both consumers: those
+// The K/V tiles of a work tile, the same number for the producer and every consumer: those
 // the mask policy says its 128 rows see. Without a causal mask that is all of N_k's for every
 // work tile (whole_kv_tiles, counted once before the walk).
 template <typename T, bool kCausal>
@@ -402,15 +406,15 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     return;
   }
 
-  // ---------------- Consumers: two warpgroups, 64 query rows each ----------------
+  // ---------------- Consumers: two (or three) warpgroups, 64 query rows each ----------------
   hopper::claim_registers<T::kConsumerRegisters>();
   const int consumer = warp_group - 1;
   const int thread_in_group = threadIdx.x % 128;
   hopper::WgmmaGroups groups;
-  // Ping-pong: wait for my turn to issue GEMMs, then hand the turn to the other consumer.
-  // Consumer 0 goes first: consumer 1 hands it the first turn.
-  hopper::PingPong turns(consumer);
-  if (consumer == 1) turns.hand_over_first_turn();
+  // Ping-pong: wait for my turn to issue GEMMs, then hand the turn to the next consumer.
+  // Consumer 0 goes first: the last one hands it the first turn.
+  hopper::PingPong turns(consumer, T::kConsumers);
+  if (consumer == T::kConsumers - 1) turns.hand_over_first_turn();
 
   int kv_use = 0;
   for (int index = scheduler.first(), q_use = 0; index < scheduler.work_tiles;
@@ -507,13 +511,13 @@ __global__ void __launch_bounds__(T::kThreads, 1)
                                                            row_sum, row_lse, tile, tokens, consumer,
                                                            my_row0, warp, lane, scale_log2);
   }
-  if (consumer == 0) turns.wait_for_turn();  // the turn consumer 1 passed last: every arrival is met
+  if (consumer == 0) turns.wait_for_turn();  // the turn the last consumer passed last: every arrival is met
   if (thread_in_group == 0) o_staging.wait();  // shared memory must outlive the stores
 }
 
 // ---- Launch ---------------------------------------------------------------------------------
 
-template <typename Element, typename T>
+template <typename Element, typename T, bool kCausal>
 void launch_for(const attn::AttentionArgs& args) {
   const int64_t slices = int64_t(args.batch) * args.heads;
   // Q in work tiles of rows, K and V in tiles of keys, O in a consumer's 64 rows (views too).
@@ -530,8 +534,7 @@ void launch_for(const attn::AttentionArgs& args) {
   const float scale_log2 = float(M_LOG2E * args.scale);
   const int diagonal = int(attn::causal_diagonal(args.causal, args.tokens, args.kv_tokens));
   attn::with_flags(
-      [&](auto lse, auto masked, auto causal) {
-        constexpr bool kCausal = decltype(causal)::value;
+      [&](auto lse, auto masked) {
         auto kernel = warp_specialized_attention_kernel<T, decltype(lse)::value, Element,
                                                         decltype(masked)::value, kCausal>;
         CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -541,18 +544,17 @@ void launch_for(const attn::AttentionArgs& args) {
             policies::Mask<kCausal>{args.kv_tokens, diagonal},
             Scheduler<T, kCausal>{{row_tiles, args.heads}, int(work_tiles)}, scale_log2);
       },
-      args.log_sum_exp != nullptr, args.key_padding_mask != nullptr,
-      args.causal != attn::Causal::none);
+      args.log_sum_exp != nullptr, args.key_padding_mask != nullptr);
   CUDA_CHECK_LAUNCH();
 }
 
-// The tile shape of each head dim (keys per K/V tile, stages, Q buffers), chosen by measurement
-// (chapter 10, docs/results/h100/tuning/): at D = 64, 208-key tiles (197, 577 and 1025 keys fill
-// 95-99% of them), two stages, two Q buffers; at D = 128, 160-key tiles with one Q buffer (two
-// would not fit next to them in 227 KB), which beat 128-key tiles with two Q buffers by 10%. A
-// define replaces one, as scripts/tune.sh v8 does: -DATTN_V8_TILES_D64=128\,2\,2. The head dims
-// of the other models (chapter 14): at D = 32 (DETR), 176-key tiles, which 1050 keys fill to
-// 99%; at D = 80 (ViT-H/14), 144-key tiles, which 257 keys fill to 89%; at D = 96, 176.
+// The tile shape of each head dim (keys per K/V tile, stages, Q buffers, consumers), chosen by
+// measurement (chapter 10, docs/results/h100/tuning/): at D = 64, 208-key tiles (197, 577 and
+// 1025 keys fill 95-99% of them), two stages, two Q buffers; at D = 128, 160-key tiles with one
+// Q buffer (two would not fit next to them in 227 KB), which beat 128-key tiles with two Q
+// buffers by 10%. A define replaces one, as scripts/tune.sh v8 does: -DATTN_V8_TILES_D64=128\,2\,2.
+// The head dims of the other models (chapter 14): at D = 32 (DETR), 176-key tiles, which 1050
+// keys fill to 99%; at D = 80 (ViT-H/14), 144-key tiles, which 257 keys fill to 89%; at D = 96, 176.
 #ifndef ATTN_V8_TILES_D32
 #define ATTN_V8_TILES_D32 176, 2, 2
 #endif
@@ -568,36 +570,73 @@ void launch_for(const attn::AttentionArgs& args) {
 #ifndef ATTN_V8_TILES_D128
 #define ATTN_V8_TILES_D128 160, 2, 1
 #endif
+// Under the causal mask a work tile walks half the K/V tiles on average, so what a work tile
+// costs besides its visits (its first S = Q K^T alone, its last P V alone, its epilogue) weighs
+// twice as much, and the diagonal's masked keys come on top. At D = 64 three consumers of 64
+// rows each (192-row tiles, 160 registers a thread) keep the tensor cores busier: while one
+// consumer runs its softmax, the other two take turns on them. 128-key tiles keep S, P and O in
+// those registers (chapter 12).
+#ifndef ATTN_V8_CAUSAL_TILES_D64
+#define ATTN_V8_CAUSAL_TILES_D64 128, 2, 2, 3
+#endif
+#ifndef ATTN_V8_CAUSAL_TILES_D128
+#define ATTN_V8_CAUSAL_TILES_D128 ATTN_V8_TILES_D128
+#endif
 
 // The step's one list of them: the registration's head dims, the launch and the shared memory.
+// The causal list differs at D = 64 only.
 using TileTable = attn::TileTable<Tiles<32, ATTN_V8_TILES_D32>, Tiles<64, ATTN_V8_TILES_D64>,
                                   Tiles<80, ATTN_V8_TILES_D80>, Tiles<96, ATTN_V8_TILES_D96>,
                                   Tiles<128, ATTN_V8_TILES_D128>>;
+using CausalTileTable =
+    attn::TileTable<Tiles<32, ATTN_V8_TILES_D32>, Tiles<64, ATTN_V8_CAUSAL_TILES_D64>,
+                    Tiles<80, ATTN_V8_TILES_D80>, Tiles<96, ATTN_V8_TILES_D96>,
+                    Tiles<128, ATTN_V8_CAUSAL_TILES_D128>>;
+
+// Calls body(table, causal) with the list of the mask, causal as a compile-time flag.
+template <typename Body>
+void with_table(bool causal, Body&& body) {
+  if (causal) {
+    body(CausalTileTable{}, std::true_type{});
+  } else {
+    body(TileTable{}, std::false_type{});
+  }
+}
 
 void launch_warp_specialized(const attn::AttentionArgs& args) {
-  TileTable::with_shape(args.head_dim, [&](auto tiles) {
-    attn::with_element_type(args.dtype, [&](auto element) {
-      launch_for<decltype(element), decltype(tiles)>(args);
+  with_table(args.causal != attn::Causal::none, [&](auto table, auto causal) {
+    decltype(table)::with_shape(args.head_dim, [&](auto tiles) {
+      attn::with_element_type(args.dtype, [&](auto element) {
+        launch_for<decltype(element), decltype(tiles), decltype(causal)::value>(args);
+      });
     });
   });
 }
 
-// Independent of N: two Q buffers, the O staging tile, the K and V stages.
+// Independent of N: two Q buffers, the O staging tile, the K and V stages, of the list the
+// shape's mask takes.
 std::size_t shared_bytes_needed(const attn::Shape& shape) {
   std::size_t bytes = 0;
-  TileTable::with_shape(shape.head_dim, [&](auto tiles) { bytes = kSharedBytes<decltype(tiles)>; });
+  with_table(shape.causal != attn::Causal::none, [&](auto table, auto) {
+    decltype(table)::with_shape(shape.head_dim, [&](auto tiles) { bytes = kSharedBytes<decltype(tiles)>; });
+  });
   return bytes;
 }
 
 // The tiles along N, for the tests (step.hpp): a work tile's query rows and a consumer's, a K/V
-// tile.
+// tile, of both lists.
 attn::TileSizes tile_sizes(int head_dim) {
-  attn::TileSizes sizes;
-  TileTable::with_shape(head_dim, [&](auto tiles) {
-    using T = decltype(tiles);
-    sizes = {{T::kBlockM, 64}, {T::kBlockN}};
-  });
-  return sizes;
+  std::set<int> rows, keys;
+  for (bool causal : {false, true}) {
+    with_table(causal, [&](auto table, auto) {
+      decltype(table)::with_shape(head_dim, [&](auto tiles) {
+        using T = decltype(tiles);
+        rows.insert({T::kBlockM, 64});
+        keys.insert(T::kBlockN);
+      });
+    });
+  }
+  return {{rows.begin(), rows.end()}, {keys.begin(), keys.end()}};
 }
 
 }  // namespace
