@@ -28,34 +28,42 @@ Rounding rounding_of(DType dtype) {
 SliceGradients attention_backward(const std::vector<double>& q_values,
                                   const std::vector<double>& k_values,
                                   const std::vector<double>& v_values,
-                                  const std::vector<double>& d_o_values, int64_t tokens,
-                                  int64_t head_dim, double scale, DType dtype, Causal causal) {
-  const ConstMap q(q_values.data(), tokens, head_dim), k(k_values.data(), tokens, head_dim),
-      v(v_values.data(), tokens, head_dim), d_o(d_o_values.data(), tokens, head_dim);
-  const Rounding r = rounding_of(dtype);
-  const double n = double(tokens), d = double(head_dim);
+                                  const std::vector<double>& d_o_values, const Shape& slice,
+                                  double scale, const uint8_t* key_padding) {
+  const int64_t tokens = slice.tokens, keys = slice.keys(), head_dim = slice.head_dim;
+  const ConstMap q(q_values.data(), tokens, head_dim), k(k_values.data(), keys, head_dim),
+      v(v_values.data(), keys, head_dim), d_o(d_o_values.data(), tokens, head_dim);
+  const Rounding r = rounding_of(slice.dtype);
+  const double n = double(std::max(tokens, keys)), d = double(head_dim);
   const RowMatrix abs_q = q.cwiseAbs(), abs_k = k.cwiseAbs(), abs_v = v.cwiseAbs();
   SliceGradients result;
   result.o.assign(std::size_t(tokens * head_dim), 0.0);
   result.log_sum_exp.assign(std::size_t(tokens), 0.0);
   result.dq.assign(std::size_t(tokens * head_dim), 0.0);
   result.dq_bound.assign(std::size_t(tokens * head_dim), 0.0);
-  RowMatrix dk = RowMatrix::Zero(tokens, head_dim), dv = RowMatrix::Zero(tokens, head_dim);
-  RowMatrix dk_bound = RowMatrix::Zero(tokens, head_dim), dv_bound = RowMatrix::Zero(tokens, head_dim);
+  RowMatrix dk = RowMatrix::Zero(keys, head_dim), dv = RowMatrix::Zero(keys, head_dim);
+  RowMatrix dk_bound = RowMatrix::Zero(keys, head_dim), dv_bound = RowMatrix::Zero(keys, head_dim);
   for (int64_t begin = 0; begin < tokens; begin += kRowBlock) {
     const int64_t rows = std::min(kRowBlock, tokens - begin);
     // The forward for these rows: S, L, P, O.
     RowMatrix p = (q.middleRows(begin, rows) * k.transpose()) * scale;
-    const Shape mask{1, 1, tokens, head_dim, dtype, 0, false, causal};
     for (int64_t r = 0; r < rows; ++r) {
-      for (int64_t j = 0; j < tokens; ++j) {
-        if (!mask.sees(begin + r, j)) p(r, j) = -INFINITY;  // exp(-inf - L) = 0 below
+      for (int64_t j = 0; j < keys; ++j) {
+        const bool padded = key_padding != nullptr && key_padding[j] != 0;
+        if (padded || !slice.sees(begin + r, j)) p(r, j) = -INFINITY;  // exp(-inf - L) = 0 below
       }
       const double row_max = p.row(r).maxCoeff();
+      if (row_max == -INFINITY) {  // no key: O = 0, L = -inf, P = 0 (not exp(-inf + inf))
+        result.log_sum_exp[begin + r] = -INFINITY;
+        p.row(r).setZero();
+        continue;
+      }
       const double row_sum = (p.row(r).array() - row_max).exp().sum();
       const double lse = row_max + std::log(row_sum);
       result.log_sum_exp[begin + r] = lse;
-      p.row(r) = (p.row(r).array() - lse).exp().matrix();  // P = exp(S - L)
+      // P = exp(S - L), and exactly 0 for a key the row does not see (Eigen's vectorised exp
+      // gives about 1e-308 for -inf, not 0)
+      p.row(r) = (p.row(r).array() == -INFINITY).select(0.0, (p.row(r).array() - lse).exp()).matrix();
     }
     const RowMatrix o = p * v;
     Eigen::Map<RowMatrix>(result.o.data() + begin * head_dim, rows, head_dim) = o;
@@ -106,17 +114,20 @@ SliceGradients attention_backward(const std::vector<double>& q_values,
 BackwardReference compute_backward_reference(const HostTensors& inputs,
                                              const std::vector<__half>& d_o,
                                              const std::vector<int64_t>& slices) {
-  const int64_t n = inputs.shape.tokens, d = inputs.shape.head_dim;
+  const Shape& shape = inputs.shape;
+  const int64_t n = shape.tokens, n_k = shape.keys(), d = shape.head_dim;
   BackwardReference reference;
   reference.slices = slices;
   reference.gradients.resize(slices.size());
   parallel_for(int64_t(slices.size()), [&](int64_t begin, int64_t end) {
     for (int64_t which = begin; which < end; ++which) {
-      const int64_t offset = slices[which] * n * d;
+      const int64_t slice = slices[which], batch = slice / shape.heads;
+      const uint8_t* padding =
+          shape.key_padding ? inputs.key_padding_mask.data() + batch * n_k : nullptr;
       reference.gradients[which] = attention_backward(
-          as_doubles(inputs.q, offset, n * d), as_doubles(inputs.k, offset, n * d),
-          as_doubles(inputs.v, offset, n * d), as_doubles(d_o, offset, n * d), n, d,
-          1.0 / std::sqrt(double(d)), inputs.shape.dtype, inputs.shape.causal);
+          as_doubles(inputs.q, slice * n * d, n * d), as_doubles(inputs.k, slice * n_k * d, n_k * d),
+          as_doubles(inputs.v, slice * n_k * d, n_k * d), as_doubles(d_o, slice * n * d, n * d),
+          shape, 1.0 / std::sqrt(double(d)), padding);
     }
   });
   return reference;

@@ -37,19 +37,24 @@ struct Rounding {
 };
 Rounding rounding_of(DType dtype);
 
-// One (b, h) slice, row-major doubles: q, d_o are N x D, k, v are N x D. With a causal mask
-// (problem.hpp; with N_k = N both alignments put the diagonal at 0), P is 0 past the diagonal,
-// and so are dS there and every bound's share from those keys.
+// One (b, h) slice, row-major doubles: q and d_o are N x D, k and v are N_k x D, the sizes, the
+// dtype and the causal mask `slice`'s (problem.hpp: N_k = N unless kv_tokens; the causal
+// diagonal at the top left or bottom right). `key_padding`, N_k bytes or nullptr: the keys this
+// slice's batch element pads (1), which no row sees. A row that sees no key at all (every key
+// padding, or a bottom-right diagonal above it) has O = 0 and L = -inf, as the forward
+// references define it, and contributes nothing: its dQ is 0, and it adds nothing to dK or dV
+// (never a NaN from exp(-inf - (-inf))). A key no row sees gets dK = dV = 0.
 //
-// The bounds, to first order in u and fp32, with s the scale, P, dP = dO V^T, D and dS as above:
+// The bounds, to first order in u and fp32, with s the scale, P, dP = dO V^T, D and dS as above,
+// and n the longer of N and N_k (the length of the longest sum):
 //   sigma_ij = s |q_i| . |k_j|                  the size of score ij's terms
 //   rho_ij   = D fp32 (sigma_ij + max_l sigma_il)   P's relative error: the score's fp32 sum
 //                                                and L's (the forward sums the same scores)
 //   P_err    = P o (rho + u) + tau               P rounded to 16 bits
-//   w        = P_err + N fp32 P                  ... per unit of what it multiplies in a sum of N
+//   w        = P_err + n fp32 P                  ... per unit of what it multiplies in a sum of n
 //   O_err    = w |V| + u |O| + tau               the forward's O: P rounded, O stored
 //   D_err_i  = |dO_i| . O_err_i + D fp32 |dO_i| . |O_i|
-//   dS_err   = P_err o |dP - D| + P o (D fp32 |dO| |V|^T + D_err) + (u + N fp32) |dS| + tau
+//   dS_err   = P_err o |dP - D| + P o (D fp32 |dO| |V|^T + D_err) + (u + n fp32) |dS| + tau
 //              (P_err in the first term: a flash kernel forms dS from its fp32 P, an eager one
 //              from the 16-bit P it stored; the bound serves both)
 //   dq_bound = s dS_err |K| + u |dQ| + stored_tau
@@ -59,13 +64,14 @@ Rounding rounding_of(DType dtype);
 // check allows kGradientBoundFactor times them (check.hpp).
 struct SliceGradients {
   std::vector<double> o, log_sum_exp;  // the forward's O (N x D) and L (N)
-  std::vector<double> dq, dk, dv;      // N x D each
-  std::vector<double> dq_bound, dk_bound, dv_bound;  // N x D each
+  std::vector<double> dq;              // N x D
+  std::vector<double> dk, dv;          // N_k x D each
+  std::vector<double> dq_bound, dk_bound, dv_bound;  // as dq, dk, dv
 };
 SliceGradients attention_backward(const std::vector<double>& q, const std::vector<double>& k,
                                   const std::vector<double>& v, const std::vector<double>& d_o,
-                                  int64_t tokens, int64_t head_dim, double scale,
-                                  DType dtype = DType::fp16, Causal causal = Causal::none);
+                                  const Shape& slice, double scale,
+                                  const uint8_t* key_padding = nullptr);
 
 
 // The gradients of a set of slices of fp16 inputs (read as doubles), in parallel over slices.
