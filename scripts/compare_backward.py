@@ -24,6 +24,18 @@ fp32 on the same inputs (relative Frobenius error of each); v10's too.
     python3 scripts/compare_backward.py --causal --csv causal.csv  # is_causal=True; v10 and the
                      # SDPA rows only (v9 and eager_backward take no causal mask), the forward of
                      # O and L by v8; FLOPs count the N (N + 1) / 2 pairs a causal mask leaves
+
+--training measures the path training takes instead, every implementation through autograd:
+  steps     attention_steps.attention(q, k, v, step=--forward-step) on inputs that require
+            grad (the forward keeps O where it wrote it and L), then torch.autograd.grad, which
+            runs the backward step the library chooses (v10 on an H100)
+  flash, cudnn   F.scaled_dot_product_attention under that backend, then torch.autograd.grad
+each as the backward alone (the forward ran once, outside the timing, its graph retained) and as
+forward + backward, each timed two ways: in windows of back-to-back calls (as above) and call by
+call with the L2 cache flushed before each (measuring.flushed_call_ms, as triton's do_bench),
+both in the row. Its CSV has its own columns (TRAINING_FIELDS).
+
+    python3 scripts/compare_backward.py --training --csv training.csv
 """
 import argparse
 import csv
@@ -36,6 +48,10 @@ SHAPES = [(32, 12, 197, 64), (32, 12, 577, 64), (32, 12, 1025, 64), (8, 12, 4097
           (8, 16, 4097, 128)]
 FIELDS = ["batch", "heads", "tokens", "head_dim", "implementation", "median_us", "low_us",
           "high_us", "windows", "tflops", "vs_flash", "vs_cudnn", "note"]
+TRAINING_FIELDS = ["batch", "heads", "tokens", "head_dim", "dtype", "path", "implementation",
+                   "windows_median_us", "windows_low_us", "windows_high_us", "flushed_median_us",
+                   "flushed_low_us", "flushed_high_us", "vs_cudnn_windows", "vs_cudnn_flushed",
+                   "vs_flash_windows", "vs_flash_flushed", "note"]
 # A bf16 run's CSV has one more column, dtype, last: the fp16 file keeps its columns.
 
 
@@ -50,6 +66,12 @@ def main(argv=None):
     parser.add_argument("--causal", action="store_true", help="causal attention (top left)")
     parser.add_argument("--shapes", default="",
                         help="B,H,N,D;... (default: the five of chapter 15)")
+    parser.add_argument("--training", action="store_true",
+                        help="every implementation through autograd, backward alone and forward + "
+                             "backward, by windows and with the L2 flushed")
+    parser.add_argument("--forward-step", default="v8", help="the steps' forward with --training")
+    parser.add_argument("--flushed-calls", type=int, default=50,
+                        help="calls timed one by one with the L2 flushed (--training)")
     args = parser.parse_args(argv)
     if args.warm_s < 0:
         parser.error(f"--warm-s: {args.warm_s} is negative")
@@ -70,6 +92,8 @@ def main(argv=None):
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, cuDNN "
           f"{torch.backends.cudnn.version()}", flush=True)
     out = open(args.csv, "w", newline="")
+    if args.training:
+        return training(torch, F, sdpa_kernel, SDPBackend, args, shapes, dtype, out)
     writer = csv.DictWriter(out, fieldnames=FIELDS + (["dtype"] if args.dtype == "bf16" else []))
     writer.writeheader()
     for shape in shapes:
@@ -136,6 +160,89 @@ def main(argv=None):
             print(", ".join(f"{key}={value}" for key, value in row.items() if value != ""),
                   flush=True)
         del calls, leaves
+        torch.cuda.empty_cache()
+    return 0
+
+
+def training(torch, F, sdpa_kernel, SDPBackend, args, shapes, dtype, out):
+    """--training: the rows of TRAINING_FIELDS, two paths x three implementations a shape."""
+    import attention_steps
+    writer = csv.DictWriter(out, fieldnames=TRAINING_FIELDS)
+    writer.writeheader()
+    flush = torch.empty(measuring.FLUSH_BYTES, dtype=torch.uint8, device="cuda")
+    causal = "top-left" if args.causal else None
+    for shape in shapes:
+        batch, heads, tokens, head_dim = shape
+        torch.manual_seed(0)
+        q, k, v, d_o = (torch.randn(shape, device="cuda", dtype=dtype) for _ in range(4))
+
+        def steps_forward(*inputs):
+            return attention_steps.attention(*inputs, step=args.forward_step, causal=causal)
+
+        def sdpa_forward(backend):
+            def forward(*inputs):
+                with sdpa_kernel(backend):
+                    return F.scaled_dot_product_attention(*inputs, is_causal=args.causal)
+            return forward
+
+        forwards = {"steps": steps_forward, "flash": sdpa_forward(SDPBackend.FLASH_ATTENTION),
+                    "cudnn": sdpa_forward(SDPBackend.CUDNN_ATTENTION)}
+        calls, leaves_of, skipped = {}, {}, ""
+        for name, forward in list(forwards.items()):
+            leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+            try:
+                result = forward(*leaves)
+                torch.autograd.grad(result, leaves, d_o, retain_graph=True)
+            except (ValueError, NotImplementedError, RuntimeError) as refusal:  # a shape not served
+                skipped = f"{name} skipped: {str(refusal).splitlines()[0]}"
+                print(skipped, flush=True)
+                del forwards[name]
+                continue
+            leaves_of[name] = (leaves, result)
+            calls[("backward", name)] = (
+                lambda leaves=leaves, result=result: torch.autograd.grad(result, leaves, d_o, retain_graph=True))
+            calls[("forward+backward", name)] = (
+                lambda leaves=leaves, forward=forward: torch.autograd.grad(forward(*leaves), leaves, d_o))
+        exact = [t.detach().float().requires_grad_() for t in (q, k, v)]
+        with sdpa_kernel(SDPBackend.MATH):
+            want = torch.autograd.grad(F.scaled_dot_product_attention(*exact, is_causal=args.causal),
+                                       exact, d_o.float())
+        errors, o_strides = [], ()
+        if "steps" in forwards:
+            got = calls[("backward", "steps")]()
+            errors = [((g.float() - w).norm() / w.norm()).item() for g, w in zip(got, want)]
+            o_strides = tuple(leaves_of["steps"][1].stride())
+
+        measuring.warm_up(torch, list(calls.values()), args.warm_s)
+        windows = {key: [] for key in calls}
+        flushed = {key: [] for key in calls}
+        keys = list(calls)
+        for window in range(args.windows):
+            shift = window % len(keys)
+            for key in keys[shift:] + keys[:shift]:
+                windows[key].append(1000 * measuring.window_ms(torch, calls[key], args.calls))
+        for key in keys:
+            flushed[key] = [1000 * ms for ms in measuring.flushed_call_ms(torch, calls[key], args.flushed_calls, flush)]
+        for path in ("backward", "forward+backward"):
+            median = {name: (statistics.median(windows[(path, name)]), statistics.median(flushed[(path, name)]))
+                      for name in forwards}
+            for name in forwards:
+                w, f = windows[(path, name)], flushed[(path, name)]
+                row = {"batch": batch, "heads": heads, "tokens": tokens, "head_dim": head_dim,
+                       "dtype": args.dtype, "path": path, "implementation": name,
+                       "windows_median_us": f"{median[name][0]:.1f}", "windows_low_us": f"{min(w):.1f}",
+                       "windows_high_us": f"{max(w):.1f}", "flushed_median_us": f"{median[name][1]:.1f}",
+                       "flushed_low_us": f"{min(f):.1f}", "flushed_high_us": f"{max(f):.1f}",
+                       **{f"vs_{base}_{method}": (f"{median[name][i] / median[base][i]:.3f}"
+                                                   if base in median else "")
+                          for base in ("cudnn", "flash") for i, method in enumerate(("windows", "flushed"))},
+                       "note": (f"forward {args.forward_step} (O strides {o_strides}), backward the "
+                                "library's choice; dQ, dK, dV relative error vs fp32 math: " +
+                                ", ".join(f"{e:.2e}" for e in errors)) if name == "steps" else skipped}
+                writer.writerow(row)
+                out.flush()
+                print(", ".join(f"{key}={value}" for key, value in row.items() if value != ""), flush=True)
+        del calls, leaves_of
         torch.cuda.empty_cache()
     return 0
 

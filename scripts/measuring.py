@@ -84,6 +84,27 @@ def window_ms(torch, run, calls):
     return start.elapsed_time(end) / calls
 
 
+# Bytes written before each flushed call: more than an H100's 50 MB L2 (or an A100's 40 MB) by far.
+FLUSH_BYTES = 256 << 20
+
+
+def flushed_call_ms(torch, run, calls, flush=None):
+    """Milliseconds of each of `calls` calls of run(), each after the L2 cache was flushed by
+    zeroing FLUSH_BYTES (as triton.testing.do_bench times a kernel): CUDA events around run()
+    alone, so each call starts with its inputs in device memory, as it would after the other
+    layers of a model ran. `flush`: a reusable uint8 buffer of FLUSH_BYTES (one is made if None)."""
+    flush = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device="cuda") if flush is None else flush
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(calls)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(calls)]
+    for start, end in zip(starts, ends):
+        flush.zero_()
+        start.record()
+        run()
+        end.record()
+    torch.cuda.synchronize()
+    return [start.elapsed_time(end) for start, end in zip(starts, ends)]
+
+
 def profile_forward(torch, forward, count, record_prefix):
     """GPU time per forward by category (ms), kernels per forward and the largest kernel of each
     category, and how attention was found. Kernels that ran inside the bridge's
