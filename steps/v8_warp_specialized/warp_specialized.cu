@@ -642,7 +642,7 @@ attn::TileSizes tile_sizes(int head_dim) {
 }  // namespace
 
 ATTN_REGISTER_STEP(attn::step_info(ATTN_STEP_ID,
-                                   "warp specialized: TMA producer, 2 wgmma consumers, overlap",
+                                   "warp specialized: TMA producer, 2-3 wgmma consumers, overlap",
                                    launch_warp_specialized)
                        .serving(TileTable::head_dims(), {attn::DType::fp16, attn::DType::bf16})
                        .with_shared_bytes(shared_bytes_needed)
