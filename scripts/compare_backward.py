@@ -128,19 +128,11 @@ def main(argv=None):
                  "flash": sdpa_backward(SDPBackend.FLASH_ATTENTION),
                  "cudnn": sdpa_backward(SDPBackend.CUDNN_ATTENTION)}
         # The check: the library's two against SDPA's math backend in fp32.
-        exact = [t.detach().float().requires_grad_() for t in (q, k, v)]
-        with sdpa_kernel(SDPBackend.MATH):
-            want = torch.autograd.grad(F.scaled_dot_product_attention(*exact, is_causal=args.causal),
-                                       exact, d_o.float())
-        errors = {name: [((g.float() - w).norm() / w.norm()).item() for g, w in zip(calls[name](), want)]
+        want = math_gradients(torch, F, sdpa_kernel, SDPBackend, q, k, v, d_o, args.causal)
+        errors = {name: relative_errors(calls[name](), want)
                   for name in ("v9", "v10", "eager") if name in calls}
         measuring.warm_up(torch, list(calls.values()), args.warm_s)
-        windows = {name: [] for name in calls}
-        names = list(calls)
-        for window in range(args.windows):
-            shift = window % len(names)
-            for name in names[shift:] + names[:shift]:
-                windows[name].append(1000 * measuring.window_ms(torch, calls[name], args.calls))
+        windows = measuring.rotated_windows(torch, calls, args.windows, args.calls)
         medians = {name: statistics.median(values) for name, values in windows.items()}
         pairs = tokens * (tokens + 1) / 2.0 if args.causal else float(tokens) * tokens
         flops = 2.5 * 4.0 * batch * heads * pairs * head_dim
@@ -162,6 +154,19 @@ def main(argv=None):
         del calls, leaves
         torch.cuda.empty_cache()
     return 0
+
+
+def math_gradients(torch, F, sdpa_kernel, SDPBackend, q, k, v, d_o, causal):
+    """dQ, dK, dV by SDPA's math backend in fp32, what the library's gradients are checked against."""
+    exact = [t.detach().float().requires_grad_() for t in (q, k, v)]
+    with sdpa_kernel(SDPBackend.MATH):
+        return torch.autograd.grad(F.scaled_dot_product_attention(*exact, is_causal=causal),
+                                   exact, d_o.float())
+
+
+def relative_errors(got, want):
+    """The relative Frobenius error of each gradient."""
+    return [((g.float() - w).norm() / w.norm()).item() for g, w in zip(got, want)]
 
 
 def training(torch, F, sdpa_kernel, SDPBackend, args, shapes, dtype, out):
@@ -187,7 +192,7 @@ def training(torch, F, sdpa_kernel, SDPBackend, args, shapes, dtype, out):
 
         forwards = {"steps": steps_forward, "flash": sdpa_forward(SDPBackend.FLASH_ATTENTION),
                     "cudnn": sdpa_forward(SDPBackend.CUDNN_ATTENTION)}
-        calls, leaves_of, skipped = {}, {}, ""
+        calls, steps_output, skipped = {}, None, ""
         for name, forward in list(forwards.items()):
             leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
             try:
@@ -198,31 +203,22 @@ def training(torch, F, sdpa_kernel, SDPBackend, args, shapes, dtype, out):
                 print(skipped, flush=True)
                 del forwards[name]
                 continue
-            leaves_of[name] = (leaves, result)
+            if name == "steps":
+                steps_output = result
             calls[("backward", name)] = (
                 lambda leaves=leaves, result=result: torch.autograd.grad(result, leaves, d_o, retain_graph=True))
             calls[("forward+backward", name)] = (
                 lambda leaves=leaves, forward=forward: torch.autograd.grad(forward(*leaves), leaves, d_o))
-        exact = [t.detach().float().requires_grad_() for t in (q, k, v)]
-        with sdpa_kernel(SDPBackend.MATH):
-            want = torch.autograd.grad(F.scaled_dot_product_attention(*exact, is_causal=args.causal),
-                                       exact, d_o.float())
         errors, o_strides = [], ()
         if "steps" in forwards:
-            got = calls[("backward", "steps")]()
-            errors = [((g.float() - w).norm() / w.norm()).item() for g, w in zip(got, want)]
-            o_strides = tuple(leaves_of["steps"][1].stride())
+            want = math_gradients(torch, F, sdpa_kernel, SDPBackend, q, k, v, d_o, args.causal)
+            errors = relative_errors(calls[("backward", "steps")](), want)
+            o_strides = tuple(steps_output.stride())
 
         measuring.warm_up(torch, list(calls.values()), args.warm_s)
-        windows = {key: [] for key in calls}
-        flushed = {key: [] for key in calls}
-        keys = list(calls)
-        for window in range(args.windows):
-            shift = window % len(keys)
-            for key in keys[shift:] + keys[:shift]:
-                windows[key].append(1000 * measuring.window_ms(torch, calls[key], args.calls))
-        for key in keys:
-            flushed[key] = [1000 * ms for ms in measuring.flushed_call_ms(torch, calls[key], args.flushed_calls, flush)]
+        windows = measuring.rotated_windows(torch, calls, args.windows, args.calls)
+        flushed = {key: [1000 * ms for ms in measuring.flushed_call_ms(torch, run, args.flushed_calls, flush)]
+                   for key, run in calls.items()}
         for path in ("backward", "forward+backward"):
             median = {name: (statistics.median(windows[(path, name)]), statistics.median(flushed[(path, name)]))
                       for name in forwards}
@@ -242,7 +238,7 @@ def training(torch, F, sdpa_kernel, SDPBackend, args, shapes, dtype, out):
                 writer.writerow(row)
                 out.flush()
                 print(", ".join(f"{key}={value}" for key, value in row.items() if value != ""), flush=True)
-        del calls, leaves_of
+        del calls, steps_output
         torch.cuda.empty_cache()
     return 0
 

@@ -84,6 +84,19 @@ def window_ms(torch, run, calls):
     return start.elapsed_time(end) / calls
 
 
+def rotated_windows(torch, calls, windows, calls_per_window):
+    """{key: [microseconds per call, one per window]} for a dict of callables: `windows` windows
+    of each (window_ms), interleaved, the order rotated by one every window so that none always
+    runs first."""
+    keys = list(calls)
+    times = {key: [] for key in keys}
+    for window in range(windows):
+        shift = window % len(keys)
+        for key in keys[shift:] + keys[:shift]:
+            times[key].append(1000 * window_ms(torch, calls[key], calls_per_window))
+    return times
+
+
 # Bytes written before each flushed call: more than an H100's 50 MB L2 (or an A100's 40 MB) by far.
 FLUSH_BYTES = 256 << 20
 

@@ -525,7 +525,7 @@ def ring():
                     read=lambda use: (f"S = Q K{use}^T", 11, "wgmma reads it"),
                     copy_note=lambda use: f"wait empty, parity {(use // slots) % 2 ^ 1}",
                     full="full barrier: arrive.expect_tx, completed by the copy's bytes",
-                    free=(370, "empty barrier: the 8 consumer warps release"))
+                    free=(370, f"empty barrier: the {4 * consumers} consumer warps release"))
     svg.text(20, 300, f"Use u goes to slot u % {slots} and waits for parity (u / {slots}) % 2: the producer's first "
              f"trip round the ring passes its empty waits at once", 12)
     svg.text(20, 318, "(the buffers start empty); from then on it refills a slot only after every consumer warp has "
