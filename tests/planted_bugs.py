@@ -69,6 +69,7 @@ KEY_MASK_TEST = "key mask*"  # tests/test_steps_gpu.cpp: real scores strongly ne
 TILE_MULTIPLES_TEST = "tile multiples*"  # N = k x tile and k x tile +- 1 of the step's own tiles
 LARGE_SCORES_TEST = "large scores*"  # scores at std 16 over a few keys and at tile edges
 CAUSAL_TEST = "causal mask*"  # both alignments, tails, N_q != N_k (forward and backward suites)
+DETERMINISTIC_TEST = "deterministic mode*"  # tests/test_backward_gpu.cpp: tails, a ViT shape
 BUGS = [
     # The arithmetic of the online softmax: the result check catches these.
     Bug("v6nomask", V6, "keys past N keep their scores", [("if (tile_keys < kBlockN) {", "if (false) {", 1)]),
@@ -206,6 +207,13 @@ BUGS = [
         [("zeros[0] = zeros[1] = make_float4", "zeros[0] = make_float4", 1)]),
     Bug("v10causaloffbyone", V10, "P kept for one key past the diagonal in the backward",
         [("if (!mask.sees(query, my_key0 + 8 * (e / 2)))", "if (!mask.sees(query + 1, my_key0 + 8 * (e / 2)))", 1)],
+        target=CAUSAL_TEST),
+    # In the deterministic mode a Q tile's last turn writes dQ: which turn is last.
+    Bug("v10dqwriteearly", V10, "the deterministic mode writes dQ at the turn before the last",
+        [("const bool last = key_tile == adds - 1;", "const bool last = key_tile == adds - 2;", 1)],
+        target=DETERMINISTIC_TEST),
+    Bug("v10dqaddsunmasked", V10, "the deterministic mode's last turn counted over every K/V tile under the causal mask",
+        [("const int adds = mask.kv_tiles(row_tile * kBlockM, kBlockM, kBlockN);", "const int adds = key_tiles;", 1)],
         target=CAUSAL_TEST),
     # The four classes of bug a grading run once missed (the checked build's rules for the first
     # three, the suite's sizes from the steps' tiles for the fourth). 1: ordinary stores read by

@@ -17,11 +17,12 @@
 //     two meet once per Q tile, at a named barrier, after both have written their dS^T;
 //   - dQ leaves through a staging buffer and the copy engine's bulk reduce-add into an fp32 sum
 //     in L2: no atomics from threads, and the warpgroup goes on to the next Q tile while the
-//     copy runs. A last small kernel turns the sum into dQ.
+//     copy runs. A last small kernel turns the sum into dQ (in the deterministic mode the last
+//     turn of each Q tile does).
 //
 // In the deterministic mode (BackwardArgs::deterministic) the blocks of a slice add their dQ of a
 // Q tile in order of their K/V tile, one after the other, waiting on a counter per Q tile: the
-// same sum in the same order on every run.
+// same sum in the same order on every run. The last of them writes dQ itself.
 // Under the causal mask (kCausal) a block visits only the Q tiles from the first row that sees
 // its keys (policies/mask.cuh), and zeroes P (so dS) past the diagonal in the tiles it crosses.
 // Serves head dims 64 and 128, fp16 or bf16, on Hopper (sm_90a); chapter 17.
@@ -117,11 +118,35 @@ constexpr uint32_t kConsumerThreads = 128 * T::kConsumers;
 // consumer's 64 x kDqColumns share of a Q tile is kDqColumns / 8 chunks of 128 threads x 4
 // floats (chunk j: the accumulators of 8-column block j). Each thread stages 16-byte pieces, a
 // warp 512 contiguous bytes, with no bank conflicts, and the share is one contiguous bulk
-// reduce-add. dq_convert_kernel puts the values back in place.
+// reduce-add. dq_convert_kernel puts the values back in place (dq_place says where).
 template <typename T>
 __host__ __device__ constexpr int64_t dq_sum_offset(int64_t slice, int row_tiles, int row_tile,
                                                     int consumer) {
   return ((slice * row_tiles + row_tile) * T::kConsumers + consumer) * (64 * T::kDqColumns);
+}
+// Where chunk j of thread t's share lies in dQ: 8-column block j of rows `row` and row + 8,
+// columns `column` and + 1 (ptx.cuh's accumulator layout).
+struct DqPlace {
+  int row, column;
+};
+template <typename T>
+__host__ __device__ constexpr DqPlace dq_place(int row_tile, int consumer, int thread, int j) {
+  return {row_tile * T::kBlockM + T::dq_row0(consumer) + 16 * (thread / 32) + (thread % 32) / 4,
+          T::dq_column0(consumer) + 8 * j + 2 * (thread % 4)};
+}
+// dQ = scale x a complete sum: a chunk's four values to their place in the slice's dQ, rows past
+// N dropped.
+template <typename T, typename Element>
+__device__ __forceinline__ void write_dq_chunk(Element* __restrict__ slice_dq, DqPlace place,
+                                               float4 value, int tokens, float scale) {
+  Element* at = slice_dq + int64_t(place.row) * T::kHeadDim + place.column;
+  if (place.row < tokens) {
+    *reinterpret_cast<uint32_t*>(at) = fragment_math::pack_pair<Element>(value.x * scale, value.y * scale);
+  }
+  if (place.row + 8 < tokens) {
+    *reinterpret_cast<uint32_t*>(at + 8 * T::kHeadDim) =
+        fragment_math::pack_pair<Element>(value.z * scale, value.w * scale);
+  }
 }
 
 // ---- 1. L log2(e) and D = rowsum(dO o O), padded to whole Q tiles; the dQ sum zeroed ------------
@@ -346,12 +371,15 @@ __device__ __forceinline__ void write_scores_grad(Element* ds_tile,
 
 // Adds a consumer's dQ share of Q tile row_tile into the fp32 sum in L2: through its staging
 // buffer and the copy engine's reduce-add, or in the deterministic mode in place, in turn behind
-// the blocks of the slice's earlier K/V tiles (dq_turns).
+// the blocks of the slice's earlier K/V tiles (dq_turns); the last of the `adds` blocks that add
+// into the Q tile adds in registers and writes dQ (slice_dq) instead.
 template <typename T, bool kDeterministic, typename Element>
 __device__ __forceinline__ void add_dq(const float (&dq_acc)[T::kDqColumns / 2], float* __restrict__ dq_sum,
-                                       int* __restrict__ dq_turns, SharedStorage<T, Element>& smem,
+                                       int* __restrict__ dq_turns, Element* __restrict__ slice_dq,
+                                       SharedStorage<T, Element>& smem,
                                        hopper::StagingBuffer& dq_staging, int slice, int row_tiles,
-                                       int row_tile, int consumer, int key_tile, int thread_in_group) {
+                                       int row_tile, int adds, int consumer, int key_tile,
+                                       int thread_in_group, int tokens, float scale) {
   // BEGIN EXERCISE: add this consumer's dQ of the Q tile into the fp32 sum in L2
   float* dq_share = dq_sum + dq_sum_offset<T>(slice, row_tiles, row_tile, consumer);
   if constexpr (kDeterministic) {
@@ -363,15 +391,25 @@ __device__ __forceinline__ void add_dq(const float (&dq_acc)[T::kDqColumns / 2],
       __threadfence();
     }
     hopper::named_barrier_sync(NamedBarrier::epilogue, consumer, 128);
+    // Every load before any store: a store to dQ between them could alias the next load, and the
+    // loads would wait for each other (1.15-1.58 times the mode's time, measured).
+    float4* sum = reinterpret_cast<float4*>(dq_share) + thread_in_group;
+    float4 values[T::kDqColumns / 8];
     for (int j = 0; j < T::kDqColumns / 8; ++j) {
-      float4* sum = reinterpret_cast<float4*>(dq_share) + j * 128 + thread_in_group;
-      float4 value = __ldcg(sum);
-      value.x += dq_acc[4 * j];
-      value.y += dq_acc[4 * j + 1];
-      value.z += dq_acc[4 * j + 2];
-      value.w += dq_acc[4 * j + 3];
-      __stcg(sum, value);
+      values[j] = __ldcg(sum + j * 128);
+      values[j].x += dq_acc[4 * j];
+      values[j].y += dq_acc[4 * j + 1];
+      values[j].z += dq_acc[4 * j + 2];
+      values[j].w += dq_acc[4 * j + 3];
     }
+    const bool last = key_tile == adds - 1;
+    if (last) {  // no block waits for this turn
+      for (int j = 0; j < T::kDqColumns / 8; ++j) {
+        write_dq_chunk<T>(slice_dq, dq_place<T>(row_tile, consumer, thread_in_group, j), values[j], tokens, scale);
+      }
+      return;
+    }
+    for (int j = 0; j < T::kDqColumns / 8; ++j) __stcg(sum + j * 128, values[j]);
     __threadfence();
     hopper::named_barrier_sync(NamedBarrier::epilogue, consumer, 128);
     if (thread_in_group == 0) atomicExch(turn, key_tile + 1);
@@ -427,7 +465,8 @@ __global__ void __launch_bounds__(T::kThreads, 1)
                            const __grid_constant__ CUtensorMap d_o_map,
                            const float* __restrict__ lse_log2, const float* __restrict__ row_dot,
                            float* __restrict__ dq_sum, int* __restrict__ dq_turns,
-                           Element* __restrict__ dk, Element* __restrict__ dv, int heads,
+                           Element* __restrict__ dq, Element* __restrict__ dk,
+                           Element* __restrict__ dv, int heads,
                            int tokens, const policies::Mask<kCausal> mask, int key_tiles,
                            int row_tiles, float scale, float scale_log2) {
   constexpr int kHeadDim = T::kHeadDim, kBlockM = T::kBlockM, kBlockN = T::kBlockN;
@@ -510,6 +549,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   const uint32_t key_bits[2] = {key_in_range[0] ? ~0u : 0u, key_in_range[1] ? ~0u : 0u};
   float dv_acc[kHeadDim / 2] = {};
   float dk_acc[kHeadDim / 2] = {};
+  Element* slice_dq = dq + int64_t(slice) * tokens * kHeadDim;  // the deterministic mode writes it
   kv_ring.wait_full(0);
 
   for (int step = 0; step < walk.steps; ++step) {
@@ -587,8 +627,10 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     hopper::fence_registers(dq_acc);
     ds.release(step, groups);
 
-    add_dq<T, kDeterministic>(dq_acc, dq_sum, dq_turns, smem, dq_staging, slice, row_tiles,
-                              row_tile, consumer, key_tile, thread_in_group);
+    // The blocks that add into this Q tile's dQ: those of the K/V tiles its rows see.
+    const int adds = mask.kv_tiles(row_tile * kBlockM, kBlockM, kBlockN);
+    add_dq<T, kDeterministic>(dq_acc, dq_sum, dq_turns, slice_dq, smem, dq_staging, slice, row_tiles,
+                              row_tile, adds, consumer, key_tile, thread_in_group, tokens, scale);
 
     groups.wait<0>();
     hopper::fence_registers(dv_acc);
@@ -608,8 +650,9 @@ __global__ void __launch_bounds__(T::kThreads, 1)
 
 // ---- 3. dQ = scale * the sum, back in row order ---------------------------------------------------
 
-// One thread per 4 floats of the sum: a consumer's chunk j, thread t holds 8-column block j of
-// rows 16 (t / 32) + (t % 32) / 4 and that + 8, columns 2 (t % 4) and + 1 (ptx.cuh's layout).
+// One thread per 4 floats of the sum, chunk j of thread t of a consumer's share (dq_place). Only
+// the non-deterministic mode needs it: there the adds finish in no known order, and counting them
+// in the main kernel cost more than this kernel (chapter 17).
 template <typename T, typename Element>
 __global__ void dq_convert_kernel(const float* __restrict__ dq_sum, Element* __restrict__ dq,
                                   int64_t chunks, int tokens, int row_tiles, float scale) {
@@ -622,19 +665,8 @@ __global__ void dq_convert_kernel(const float* __restrict__ dq_sum, Element* __r
   const int64_t tile = share / T::kConsumers;
   const int row_tile = int(tile % row_tiles);
   const int64_t slice = tile / row_tiles;
-  const int j = within / 128, thread = within % 128;
-  const int row = row_tile * T::kBlockM + T::dq_row0(consumer) + 16 * (thread / 32) + (thread % 32) / 4;
-  const int column = T::dq_column0(consumer) + 8 * j + 2 * (thread % 4);
-  const float4 value = reinterpret_cast<const float4*>(dq_sum)[chunk];
-  Element* slice_dq = dq + slice * tokens * T::kHeadDim;
-  if (row < tokens) {
-    *reinterpret_cast<uint32_t*>(slice_dq + int64_t(row) * T::kHeadDim + column) =
-        fragment_math::pack_pair<Element>(value.x * scale, value.y * scale);
-  }
-  if (row + 8 < tokens) {
-    *reinterpret_cast<uint32_t*>(slice_dq + int64_t(row + 8) * T::kHeadDim + column) =
-        fragment_math::pack_pair<Element>(value.z * scale, value.w * scale);
-  }
+  write_dq_chunk<T>(dq + slice * tokens * T::kHeadDim, dq_place<T>(row_tile, consumer, within % 128, within / 128),
+                    reinterpret_cast<const float4*>(dq_sum)[chunk], tokens, scale);
 }
 
 // ---- Launch ---------------------------------------------------------------------------------
@@ -711,13 +743,15 @@ void launch_for(const attn::BackwardArgs& args) {
                                         int(kSharedBytes<T>)));
         kernel<<<unsigned(blocks), T::kThreads, kSharedBytes<T>, args.stream>>>(
             q_map, k_map, v_map, d_o_map, workspace.lse_log2, workspace.row_dot, workspace.dq_sum,
-            workspace.dq_turns, reinterpret_cast<Element*>(args.dk),
-            reinterpret_cast<Element*>(args.dv), args.heads, args.tokens,
+            workspace.dq_turns, reinterpret_cast<Element*>(args.dq),
+            reinterpret_cast<Element*>(args.dk), reinterpret_cast<Element*>(args.dv), args.heads,
+            args.tokens,
             policies::Mask<kCausal>{args.tokens, diagonal}, key_tiles, row_tiles,
             float(args.scale), float(M_LOG2E * args.scale));
       },
       args.deterministic, args.causal != attn::Causal::none);
   CUDA_CHECK_LAUNCH();
+  if (args.deterministic) return;  // the last turn of each Q tile wrote dQ
 
   const int64_t chunks = dq_values / 4;
   constexpr int kConvertThreads = 256;
