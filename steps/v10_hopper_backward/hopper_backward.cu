@@ -745,8 +745,7 @@ void launch_for(const attn::BackwardArgs& args) {
             q_map, k_map, v_map, d_o_map, workspace.lse_log2, workspace.row_dot, workspace.dq_sum,
             workspace.dq_turns, reinterpret_cast<Element*>(args.dq),
             reinterpret_cast<Element*>(args.dk), reinterpret_cast<Element*>(args.dv), args.heads,
-            args.tokens,
-            policies::Mask<kCausal>{args.tokens, diagonal}, key_tiles, row_tiles,
+            args.tokens, policies::Mask<kCausal>{args.tokens, diagonal}, key_tiles, row_tiles,
             float(args.scale), float(M_LOG2E * args.scale));
       },
       args.deterministic, args.causal != attn::Causal::none);
