@@ -37,18 +37,21 @@ def category_of(name):
 
 
 
-def each_call_ms(torch, runs, *, hold_ms=0.0):
+def each_call_ms(torch, runs, *, hold_ms=0.0, before=None):
     """Milliseconds of each call in `runs` (callables), CUDA events around each, queued back to
     back with no synchronisation between them. hold_ms > 0 first queues a busy-wait kernel of
     about that long (torch.cuda._sleep, where torch has it), so Python queues every call while
     the GPU is busy and each pair of events brackets GPU work, not Python's launch overhead (the
-    bench does the same with hold_stream in harness/timing.cu)."""
+    bench does the same with hold_stream in harness/timing.cu). `before`: a callable queued
+    before each call, outside its events (flushed_call_ms's flush)."""
     starts = [torch.cuda.Event(enable_timing=True) for _ in runs]
     ends = [torch.cuda.Event(enable_timing=True) for _ in runs]
     sleep = getattr(torch.cuda, "_sleep", None)
     if hold_ms > 0 and sleep is not None:
         sleep(int(hold_ms * 2_000_000))  # cycles at about 2 GHz
     for start, run, end in zip(starts, runs, ends):
+        if before is not None:
+            before()
         start.record()
         run()
         end.record()
@@ -107,15 +110,7 @@ def flushed_call_ms(torch, run, calls, flush=None):
     alone, so each call starts with its inputs in device memory, as it would after the other
     layers of a model ran. `flush`: a reusable uint8 buffer of FLUSH_BYTES (one is made if None)."""
     flush = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device="cuda") if flush is None else flush
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(calls)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(calls)]
-    for start, end in zip(starts, ends):
-        flush.zero_()
-        start.record()
-        run()
-        end.record()
-    torch.cuda.synchronize()
-    return [start.elapsed_time(end) for start, end in zip(starts, ends)]
+    return each_call_ms(torch, [run] * calls, before=flush.zero_)
 
 
 def profile_forward(torch, forward, count, record_prefix):
