@@ -95,9 +95,10 @@ inline AttentionArgs attention_args(const Shape& shape, const __half* q, const _
 }
 
 // What a backward step gets: the forward's inputs and outputs, dO, and where dQ, dK and dV go,
-// all [B, H, N, D] fp16 (contiguous); L is the forward's log-sum-exp, [B, H, N] fp32. With
-// S = scale Q K^T and P = exp(S - L): dV = P^T dO, dS = P o (dO V^T - D) with D_i = dO_i . O_i,
-// dQ = scale dS K, dK = scale dS^T Q (reference/backward_reference.hpp).
+// [B, H, N, D] fp16 (contiguous; K, V, dK and dV [B, H, N_k, D]); L is the forward's
+// log-sum-exp, [B, H, N] fp32. With S = scale Q K^T and P = exp(S - L): dV = P^T dO,
+// dS = P o (dO V^T - D) with D_i = dO_i . O_i, dQ = scale dS K, dK = scale dS^T Q
+// (reference/backward_reference.hpp).
 struct BackwardArgs {
   const __half* q = nullptr;
   const __half* k = nullptr;
@@ -111,6 +112,8 @@ struct BackwardArgs {
   int batch = 0;
   int heads = 0;
   int tokens = 0;
+  int kv_tokens = 0;  // N_k, as in AttentionArgs: K, V, dK and dV are [B, H, N_k, D]; = tokens
+                      // but for a step whose StepInfo says takes_kv_tokens
   int head_dim = 0;
   DType dtype = DType::fp16;  // as in AttentionArgs: bf16 data behind the fp16-typed pointers
   double scale = 0.0;         // 1/sqrt(D) as the harness sets it
@@ -122,6 +125,10 @@ struct BackwardArgs {
   // The forward's causal mask (AttentionArgs), for a step whose StepInfo says takes_causal: P is
   // 0 above the diagonal, so are those entries of dS, and the tiles there are skipped.
   Causal causal = Causal::none;
+  // The forward's key-padding mask (AttentionArgs), [B, N_k] bytes or nullptr, for a step whose
+  // StepInfo says takes_key_padding_mask: a padded key gets P = 0, so dK = dV = 0 for it and it
+  // adds nothing to dQ; a row that sees no key (L = -inf) gets dQ = 0 and adds nothing.
+  const uint8_t* key_padding_mask = nullptr;
 };
 
 // Where a backward launch's tensors lie (contiguous [B, H, N, D], L [B, H, N]).
@@ -155,6 +162,7 @@ inline BackwardArgs backward_args(const Shape& shape, const BackwardTensors& ten
   args.batch = int(shape.batch);
   args.heads = int(shape.heads);
   args.tokens = int(shape.tokens);
+  args.kv_tokens = int(shape.keys());
   args.head_dim = int(shape.head_dim);
   args.dtype = shape.dtype;
   args.scale = scale > 0.0 ? scale : 1.0 / std::sqrt(double(shape.head_dim));
