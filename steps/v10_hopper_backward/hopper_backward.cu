@@ -25,10 +25,14 @@
 // same sum in the same order on every run. The last of them writes dQ itself.
 // Under the causal mask (kCausal) a block visits only the Q tiles from the first row that sees
 // its keys (policies/mask.cuh), and zeroes P (so dS) past the diagonal in the tiles it crosses.
-// Serves head dims 64 and 128, fp16 or bf16, on Hopper (sm_90a); chapter 17.
+// Keys the key-padding mask pads are treated as keys past N_k are: their dS is zeroed as it is
+// packed, and their dK and dV are written as zeros; a row that sees no key (L = -inf) gets P = 0.
+// Serves head dims 32, 64, 80, 96 and 128 (80 and 96 in the tiles of 128, zeros past D), fp16
+// or bf16, N_k != N (cross-attention), on Hopper (sm_90a); chapter 17.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <stdexcept>
@@ -54,7 +58,12 @@ constexpr int kCausalGroupSlices = 4;
 
 // ---- Tile geometry and shared memory --------------------------------------------------------
 
-template <int kHeadDim_, int kBlockM_, int kStages_>
+// The columns a tile holds at head dim D: D rounded up to whole swizzle blocks (below).
+constexpr int tile_columns(int head_dim) {
+  return head_dim % 64 == 0 ? head_dim : (head_dim + 31) / 32 * 32;
+}
+
+template <int kHeadDim_, int kBlockM_, int kStages_, int kTileColumns_ = tile_columns(kHeadDim_)>
 struct Tiles {
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kConsumers = 2;                     // consumer warpgroups, 64 keys each
@@ -63,16 +72,26 @@ struct Tiles {
   static constexpr int kBlockM = kBlockM_;                 // query rows per Q tile: 64 or 128
   static constexpr int kStages = kStages_;                 // Q (and dO) tiles in flight
   static constexpr int kDsBuffers = 2;  // dS^T: a consumer writes the next one while the other reads
-  static constexpr hopper::Swizzle kSwizzle = hopper::Swizzle::bytes128;
+  // Q, K, V and dO as v8 keeps them: head dims that are multiples of 64 in 64-column blocks with
+  // the 128-byte swizzle, the others (32, 80, 96) in 32-column blocks with the 64-byte one, each
+  // tile padded to whole blocks: D = 80 to 96 columns, the 16 past D zeros from TMA, which add 0
+  // to S^T and dP^T and give dQ, dK and dV columns that are never written. A tile table entry may
+  // pad further, to a multiple of 64 (D = 96 as the D = 128 tiles). dS^T, whose columns are the
+  // Q tile's rows, keeps the 128-byte swizzle at every D.
+  static constexpr int kTileColumns = kTileColumns_;
+  static constexpr hopper::Swizzle kSwizzle =
+      kTileColumns % 64 == 0 ? hopper::Swizzle::bytes128 : hopper::Swizzle::bytes64;
   static constexpr int kSwizzleColumns = hopper::row_columns(kSwizzle);
-  static constexpr int kColumnBlocks = kHeadDim / kSwizzleColumns;
-  static constexpr int kDSteps = kHeadDim / 16;   // k-steps of S^T and dP^T (over D)
+  static constexpr int kColumnBlocks = kTileColumns / kSwizzleColumns;
+  static constexpr hopper::Swizzle kDsSwizzle = hopper::Swizzle::bytes128;
+  static constexpr int kDsSwizzleColumns = hopper::row_columns(kDsSwizzle);
+  static constexpr int kDSteps = kTileColumns / 16;  // k-steps of S^T and dP^T (over D)
   static constexpr int kRowSteps = kBlockM / 16;  // k-steps of dV and dK (over query rows)
   static constexpr int kKeySteps = kBlockN / 16;  // k-steps of dQ (over the block's keys)
   // dQ of a Q tile is kBlockM x D; a consumer computes a 64-row share (one wgmma M): with 64
   // rows a tile, half of the columns each, with 128 rows, half of the rows each.
   static constexpr int kDqRowGroups = kBlockM / 64;
-  static constexpr int kDqColumns = kHeadDim * kDqRowGroups / kConsumers;
+  static constexpr int kDqColumns = kTileColumns * kDqRowGroups / kConsumers;
   __host__ __device__ static constexpr int dq_row0(int consumer) {
     return 64 * (consumer * kDqRowGroups / kConsumers);
   }
@@ -82,11 +101,16 @@ struct Tiles {
   static constexpr int kProducerRegisters = 24;
   static constexpr int kConsumerRegisters = 240;
   static constexpr uint32_t kElementBytes = 2;  // fp16 or bf16
-  static constexpr uint32_t kRowTileBytes = kBlockM * kHeadDim * kElementBytes;  // Q or dO
-  static constexpr uint32_t kKVBytes = kBlockN * kHeadDim * kElementBytes;
+  static constexpr uint32_t kRowTileBytes = kBlockM * kTileColumns * kElementBytes;  // Q or dO,
+  static constexpr uint32_t kKVBytes = kBlockN * kTileColumns * kElementBytes;  // zeros included
   static constexpr uint32_t kRowVectorBytes = kBlockM * sizeof(float);  // L or D of a Q tile
+  // row_vectors_kernel's lanes per row: one per 8 tile columns, a power of two (its shuffles).
+  static constexpr int kRowVectorLanes = kTileColumns <= 32 ? 4 : kTileColumns <= 64 ? 8 : 16;
+  static_assert(kRowVectorLanes * 8 >= kTileColumns, "a lane for every 8 columns");
   static constexpr uint32_t kDqBytes = 64 * kDqColumns * sizeof(float);  // a consumer's dQ share
-  static_assert(kHeadDim % kSwizzleColumns == 0, "whole 64-column swizzle blocks");
+  static_assert(kHeadDim % 16 == 0 && kTileColumns >= kHeadDim && kTileColumns % kSwizzleColumns == 0,
+                "whole k16 steps, in whole swizzle blocks");
+  static_assert(kDqColumns % kSwizzleColumns == 0, "a consumer's dQ columns start on a column block");
   static_assert(kBlockM == 64 || kBlockM == 128, "one or two 64-row dQ shares");
   static_assert(kRowTileBytes % 1024 == 0 && kKVBytes % 1024 == 0 && kDqBytes % 1024 == 0,
                 "tiles keep 1024-byte alignment");
@@ -95,10 +119,10 @@ struct Tiles {
 // Every tile a multiple of 1024 bytes, so each keeps the swizzle's alignment.
 template <typename T, typename Element>
 struct SharedStorage {
-  Element k[T::kBlockN * T::kHeadDim];  // [column block][kBlockN][64]
-  Element v[T::kBlockN * T::kHeadDim];
-  Element q[T::kStages][T::kBlockM * T::kHeadDim];    // [column block][kBlockM][64]
-  Element d_o[T::kStages][T::kBlockM * T::kHeadDim];
+  Element k[T::kBlockN * T::kTileColumns];  // [column block][kBlockN][64 or 32]
+  Element v[T::kBlockN * T::kTileColumns];
+  Element q[T::kStages][T::kBlockM * T::kTileColumns];    // [column block][kBlockM][64 or 32]
+  Element d_o[T::kStages][T::kBlockM * T::kTileColumns];
   Element ds[T::kDsBuffers][T::kBlockN * T::kBlockM];  // dS^T: [kBlockN keys][kBlockM queries]
   float dq[T::kConsumers][64 * T::kDqColumns];        // thread order (dq_sum_offset)
   float lse[T::kStages][T::kBlockM];                  // L log2(e) of the Q tile's rows
@@ -135,10 +159,11 @@ __host__ __device__ constexpr DqPlace dq_place(int row_tile, int consumer, int t
           T::dq_column0(consumer) + 8 * j + 2 * (thread % 4)};
 }
 // dQ = scale x a complete sum: a chunk's four values to their place in the slice's dQ, rows past
-// N dropped.
+// N and the padding columns past D dropped.
 template <typename T, typename Element>
 __device__ __forceinline__ void write_dq_chunk(Element* __restrict__ slice_dq, DqPlace place,
                                                float4 value, int tokens, float scale) {
+  if (T::kTileColumns != T::kHeadDim && place.column >= T::kHeadDim) return;
   Element* at = slice_dq + int64_t(place.row) * T::kHeadDim + place.column;
   if (place.row < tokens) {
     *reinterpret_cast<uint32_t*>(at) = fragment_math::pack_pair<Element>(value.x * scale, value.y * scale);
@@ -151,22 +176,27 @@ __device__ __forceinline__ void write_dq_chunk(Element* __restrict__ slice_dq, D
 
 // ---- 1. L log2(e) and D = rowsum(dO o O), padded to whole Q tiles; the dQ sum zeroed ------------
 
-// A group of kHeadDim / 8 lanes per row of [slices][row_tiles * kBlockM] (8 at D = 64, 16 at
-// D = 128): each lane reads 8 elements of O and of dO, 16 bytes each, so every lane of a warp
+// A group of lanes per row of [slices][row_tiles * kBlockM], one per 8 columns of the tile,
+// rounded up to a power of two (8 at D = 64, 16 at D = 80, 96 and 128, the lanes past D idle):
+// each lane reads 8 elements of O and of dO, 16 bytes each, so every lane of a warp
 // has a load in flight whatever D is (a warp per row left three lanes in four idle at D = 64,
 // and the kernel ran at a quarter to three fifths of the memory bandwidth). Rows past N get 0 (a
 // zero-filled Q row then has P = 1 and dP = 0, so dS = 0 and adds nothing); the padding makes
-// every Q tile's values one aligned 256-byte bulk copy. The same lanes zero the row's share of
-// the dQ sum (D floats: the sum is as large as the rows), which the main kernel adds into: one
-// pass over memory instead of a memset of its own before this one.
-template <typename Element, int kBlockM, int kHeadDim>
+// every Q tile's values one aligned 256-byte bulk copy. A row that sees no key (every key
+// padded, or above a bottom-right diagonal) has L = -inf and O = 0: it gets L log2(e) = +inf, so
+// its P = exp2(S^T scale log2(e) - inf) = 0 and D = 0, and it adds nothing anywhere. The same
+// lanes zero the row's share of the dQ sum (a float per tile column), which the
+// main kernel adds into: one pass over memory instead of a memset of its own before this one; and
+// dQ itself for the first `unseen_rows` rows of each slice, which no block visits (rows i with
+// i + diagonal < 0: no other pass writes them in the deterministic mode).
+template <typename T, typename Element>
 __global__ void row_vectors_kernel(const Element* __restrict__ o, const Element* __restrict__ d_o,
                                    const float* __restrict__ log_sum_exp,
                                    float* __restrict__ lse_log2, float* __restrict__ row_dot,
-                                   float* __restrict__ dq_sum, int64_t padded_rows, int tokens,
-                                   int row_tiles) {
-  constexpr int kLanesPerRow = kHeadDim / 8;
-  static_assert(32 % kLanesPerRow == 0, "a row's lanes lie in one warp");
+                                   float* __restrict__ dq_sum, Element* __restrict__ dq,
+                                   int64_t padded_rows, int tokens, int row_tiles, int unseen_rows) {
+  constexpr int kBlockM = T::kBlockM, kHeadDim = T::kHeadDim, kTileColumns = T::kTileColumns;
+  constexpr int kLanesPerRow = T::kRowVectorLanes;
   const int64_t padded_row = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / kLanesPerRow;
   const int column = threadIdx.x % kLanesPerRow * 8;
   const bool in_workspace = padded_row < padded_rows;
@@ -174,7 +204,7 @@ __global__ void row_vectors_kernel(const Element* __restrict__ o, const Element*
   const int token = int(padded_row % (int64_t(row_tiles) * kBlockM));
   const bool in_tensor = in_workspace && token < tokens;
   float sum = 0.0f;
-  if (in_tensor) {
+  if (in_tensor && column < kHeadDim) {
     const int64_t element = (slice * tokens + token) * kHeadDim + column;
     const uint4 o_chunk = *reinterpret_cast<const uint4*>(o + element);
     const uint4 d_o_chunk = *reinterpret_cast<const uint4*>(d_o + element);
@@ -191,11 +221,17 @@ __global__ void row_vectors_kernel(const Element* __restrict__ o, const Element*
     sum += __shfl_xor_sync(0xffffffffu, sum, offset, kLanesPerRow);
   }
   if (!in_workspace) return;
-  float4* zeros = reinterpret_cast<float4*>(dq_sum + padded_row * kHeadDim + column);
-  zeros[0] = zeros[1] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  if (column < kTileColumns) {
+    float4* zeros = reinterpret_cast<float4*>(dq_sum + padded_row * kTileColumns + column);
+    zeros[0] = zeros[1] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  }
+  if (token < unseen_rows && column < kHeadDim) {
+    *reinterpret_cast<uint4*>(dq + (slice * tokens + token) * kHeadDim + column) = make_uint4(0, 0, 0, 0);
+  }
   if (column == 0) {
     row_dot[padded_row] = sum;
-    lse_log2[padded_row] = in_tensor ? log_sum_exp[slice * tokens + token] * kLog2e : 0.0f;
+    const float log_sum_exp_row = in_tensor ? log_sum_exp[slice * tokens + token] : 0.0f;
+    lse_log2[padded_row] = log_sum_exp_row == -INFINITY ? INFINITY : log_sum_exp_row * kLog2e;
   }
 }
 
@@ -262,8 +298,8 @@ __device__ __forceinline__ void wgmma_scores(float (&s_acc)[T::kBlockM / 2], flo
                                              hopper::Ring<1>& kv_ring, hopper::Ring<T::kStages>& q_ring,
                                              hopper::Ring<T::kStages>& d_o_ring, int step,
                                              hopper::WgmmaGroups& groups) {
-  const hopper::KMajorOperand<T::kBlockN> keys(my_keys), values(my_values);
-  const hopper::KMajorOperand<T::kBlockM> queries(q_tile), output_grads(d_o_tile);
+  const hopper::KMajorOperand<T::kBlockN, T::kSwizzle> keys(my_keys), values(my_values);
+  const hopper::KMajorOperand<T::kBlockM, T::kSwizzle> queries(q_tile), output_grads(d_o_tile);
   kv_ring.read(0, groups);
   q_ring.read(step, groups);
   hopper::wgmma_fence();
@@ -363,7 +399,7 @@ __device__ __forceinline__ void write_scores_grad(Element* ds_tile,
     for (int pair = 0; pair < 4; ++pair) {
       const int key = my_row + 8 * (pair % 2);
       const int query = 8 * (2 * s + pair / 2) + 2 * quad_lane;
-      *reinterpret_cast<uint32_t*>(ds_bytes + hopper::swizzled_offset<T::kSwizzle>(key, query, T::kBlockN)) =
+      *reinterpret_cast<uint32_t*>(ds_bytes + hopper::swizzled_offset<T::kDsSwizzle>(key, query, T::kBlockN)) =
           ds_fragments[s][pair];
     }
   }
@@ -435,24 +471,27 @@ __device__ __forceinline__ void add_dq(const float (&dq_acc)[T::kDqColumns / 2],
 }
 
 // dK = scale dS^T Q and dV, this thread's two keys of each 16, straight from the accumulators;
-// slice_row0: the slice's first row of dK and dV.
+// slice_row0: the slice's first row of dK and dV. A padded key (key_in_range false, but below
+// N_k) gets zeros: its dS was zeroed (so its dK is 0), but its P was not, and dV's row is P^T dO.
 template <typename T, typename Element>
 __device__ __forceinline__ void store_key_gradients(Element* __restrict__ dk, Element* __restrict__ dv,
-                                                    const float (&dk_acc)[T::kHeadDim / 2],
-                                                    const float (&dv_acc)[T::kHeadDim / 2],
-                                                    int64_t slice_row0, int my_key0, int tokens,
+                                                    const float (&dk_acc)[T::kTileColumns / 2],
+                                                    const float (&dv_acc)[T::kTileColumns / 2],
+                                                    int64_t slice_row0, int my_key0,
+                                                    const bool (&key_in_range)[2], int kv_tokens,
                                                     int quad_lane, float scale) {
   constexpr int kHeadDim = T::kHeadDim;
   for (int half = 0; half < 2; ++half) {
     const int key = my_key0 + 8 * half;
-    if (key >= tokens) continue;
+    if (key >= kv_tokens) continue;
     const int64_t row = (slice_row0 + key) * kHeadDim;
     for (int d = 0; d < kHeadDim / 8; ++d) {
       const int column = d * 8 + 2 * quad_lane;
       *reinterpret_cast<uint32_t*>(dk + row + column) =
           hopper::pack_pair<Element>(dk_acc[4 * d + 2 * half] * scale, dk_acc[4 * d + 2 * half + 1] * scale);
+      // A select, not a product: a padded key's P may have overflowed, and inf x 0 is NaN.
       *reinterpret_cast<uint32_t*>(dv + row + column) =
-          hopper::pack_pair<Element>(dv_acc[4 * d + 2 * half], dv_acc[4 * d + 2 * half + 1]);
+          key_in_range[half] ? hopper::pack_pair<Element>(dv_acc[4 * d + 2 * half], dv_acc[4 * d + 2 * half + 1]) : 0u;
     }
   }
 }
@@ -466,8 +505,8 @@ __global__ void __launch_bounds__(T::kThreads, 1)
                            const float* __restrict__ lse_log2, const float* __restrict__ row_dot,
                            float* __restrict__ dq_sum, int* __restrict__ dq_turns,
                            Element* __restrict__ dq, Element* __restrict__ dk,
-                           Element* __restrict__ dv, int heads,
-                           int tokens, const policies::Mask<kCausal> mask, int key_tiles,
+                           Element* __restrict__ dv, const uint8_t* __restrict__ key_padding,
+                           int heads, int tokens, const policies::Mask<kCausal> mask, int key_tiles,
                            int row_tiles, float scale, float scale_log2) {
   constexpr int kHeadDim = T::kHeadDim, kBlockM = T::kBlockM, kBlockN = T::kBlockN;
   constexpr int kSwizzleColumns = T::kSwizzleColumns;
@@ -500,7 +539,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   const int first_visible = mask.first_row(key0) / kBlockM;
   const QTileWalk walk{
       kDeterministic || kCausal ? first_visible : int(int64_t(key_tile) * row_tiles / key_tiles),
-      row_tiles - first_visible, row_tiles};
+      max(row_tiles - first_visible, 0), row_tiles};  // none for keys no query sees
 
   if (threadIdx.x == 0) {
     kv_ring.init_full();
@@ -538,17 +577,23 @@ __global__ void __launch_bounds__(T::kThreads, 1)
                               dq_column0 % kSwizzleColumns;
 
   // This thread's keys: rows warp * 16 + lane / 4 (+ 8) of its consumer's 64, the two rows of
-  // each 16 of dS^T it writes. Keys past N (the last K/V tile's tail) are TMA's zero rows, so their
-  // score is 0 and P = exp(-L), which overflows fp16 where a row's scores all lie far below 0, and
-  // inf times their zero K row in dQ is NaN. As in v9, their dS never reaches dQ: each packed pair
-  // of dS of such a key is zeroed as it is made, with no branch in the walk. Their zero dS reaches
-  // only their own rows of dK, which are never written. Query rows past N need nothing: zero Q and
-  // dO rows, L and D padded with 0, give them dS = 0.
+  // each 16 of dS^T it writes. Keys past N_k (the last K/V tile's tail) are TMA's zero rows, so
+  // their score is 0 and P = exp(-L), which overflows fp16 where a row's scores all lie far below
+  // 0, and inf times their zero K row in dQ is NaN. As in v9, their dS never reaches dQ: each
+  // packed pair of dS of such a key is zeroed as it is made, with no branch in the walk. Their
+  // zero dS reaches only their own rows of dK, which are never written. Keys the key-padding mask
+  // pads are out of range the same way, at no cost in the walk; their dK and dV are written as
+  // zeros. Query rows past N need nothing: zero Q and dO rows, L and D padded with 0, give them
+  // dS = 0.
   const int my_key0 = key0 + consumer * 64 + warp * 16 + lane / 4;
-  const bool key_in_range[2] = {my_key0 < tokens, my_key0 + 8 < tokens};
+  auto in_range = [&](int key) {
+    return key < mask.kv_tokens &&
+           (key_padding == nullptr || key_padding[int64_t(work.batch) * mask.kv_tokens + key] == 0);
+  };
+  const bool key_in_range[2] = {in_range(my_key0), in_range(my_key0 + 8)};
   const uint32_t key_bits[2] = {key_in_range[0] ? ~0u : 0u, key_in_range[1] ? ~0u : 0u};
-  float dv_acc[kHeadDim / 2] = {};
-  float dk_acc[kHeadDim / 2] = {};
+  float dv_acc[T::kTileColumns / 2] = {};  // D = 80: 96 columns, the last 16 zeros never written
+  float dk_acc[T::kTileColumns / 2] = {};
   Element* slice_dq = dq + int64_t(slice) * tokens * kHeadDim;  // the deterministic mode writes it
   kv_ring.wait_full(0);
 
@@ -589,7 +634,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
 
     // Three groups, oldest first: dV += P^T dO; dQ = dS K; dK += dS^T Q. dQ leaves while dK runs.
     // dV and dK: A from registers, B with the queries as the k dimension.
-    const hopper::MNMajorOperand<kBlockM> output_grads(smem.d_o[d_o_slot]), queries(smem.q[q_slot]);
+    const hopper::MNMajorOperand<kBlockM, T::kSwizzle> output_grads(smem.d_o[d_o_slot]), queries(smem.q[q_slot]);
     for (int s = 0; s < T::kRowSteps; ++s) {
       hopper::fence_registers(p_fragments[s]);
       hopper::fence_registers(ds_fragments[s]);
@@ -609,9 +654,9 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     ds.publish();
     float dq_acc[kDqColumns / 2];
     {
-      const hopper::MNMajorOperand<kBlockN> scores_grad(
-          smem.ds[ds.read(step, groups)] + (T::dq_row0(consumer) / kSwizzleColumns) * kBlockN * kSwizzleColumns);
-      const hopper::MNMajorOperand<kBlockN> keys(my_dq_keys);
+      const hopper::MNMajorOperand<kBlockN, T::kDsSwizzle> scores_grad(
+          smem.ds[ds.read(step, groups)] + (T::dq_row0(consumer) / T::kDsSwizzleColumns) * kBlockN * T::kDsSwizzleColumns);
+      const hopper::MNMajorOperand<kBlockN, T::kSwizzle> keys(my_dq_keys);
       kv_ring.read(0, groups);
       for (int s = 0; s < T::kKeySteps; ++s) {
         hopper::wgmma_ss<Element, true>(dq_acc, scores_grad.k_step(s), keys.k_step(s), s > 0);
@@ -644,8 +689,8 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   }
   if (thread_in_group == 0) dq_staging.wait();  // shared memory must outlive the reduces
 
-  store_key_gradients<T, Element>(dk, dv, dk_acc, dv_acc, int64_t(slice) * tokens, my_key0, tokens,
-                                  quad_lane, scale);
+  store_key_gradients<T, Element>(dk, dv, dk_acc, dv_acc, int64_t(slice) * mask.kv_tokens, my_key0,
+                                  key_in_range, mask.kv_tokens, quad_lane, scale);
 }
 
 // ---- 3. dQ = scale * the sum, back in row order ---------------------------------------------------
@@ -682,13 +727,13 @@ struct Workspace {
 template <typename T>
 std::size_t workspace_bytes_for(int64_t slices, int64_t tokens) {
   const int64_t tiles = slices * ((tokens + T::kBlockM - 1) / T::kBlockM);
-  return std::size_t(tiles) * (T::kBlockM * T::kHeadDim + 2 * T::kBlockM + T::kConsumers) * 4;
+  return std::size_t(tiles) * (T::kBlockM * T::kTileColumns + 2 * T::kBlockM + T::kConsumers) * 4;
 }
 template <typename T>
 Workspace workspace_for(void* base, int64_t slices, int row_tiles) {
   const int64_t tiles = slices * row_tiles;
   float* dq_sum = static_cast<float*>(base);
-  float* lse_log2 = dq_sum + tiles * T::kBlockM * T::kHeadDim;
+  float* lse_log2 = dq_sum + tiles * T::kBlockM * T::kTileColumns;
   float* row_dot = lse_log2 + tiles * T::kBlockM;
   return {dq_sum, lse_log2, row_dot, reinterpret_cast<int*>(row_dot + tiles * T::kBlockM)};
 }
@@ -700,33 +745,37 @@ void launch_for(const attn::BackwardArgs& args) {
   const auto* d_o = reinterpret_cast<const Element*>(args.d_o);
   const int64_t slices = int64_t(args.batch) * args.heads;
   const int row_tiles = (args.tokens + T::kBlockM - 1) / T::kBlockM;
-  const int key_tiles = (args.tokens + T::kBlockN - 1) / T::kBlockN;
+  const int key_tiles = (args.kv_tokens + T::kBlockN - 1) / T::kBlockN;
   const Workspace workspace = workspace_for<T>(args.workspace, slices, row_tiles);
-  const int64_t dq_values = slices * row_tiles * T::kBlockM * kHeadDim;
+  const int64_t dq_values = slices * row_tiles * T::kBlockM * T::kTileColumns;
 
   if (args.deterministic) {
     CUDA_CHECK(cudaMemsetAsync(workspace.dq_turns, 0,
                                std::size_t(slices * row_tiles * T::kConsumers) * sizeof(int), args.stream));
   }
-  const int64_t padded_rows = slices * row_tiles * T::kBlockM;  // also dq_values / kHeadDim
+  const int diagonal = int(attn::causal_diagonal(args.causal, args.tokens, args.kv_tokens));
+  // Rows i with i + diagonal < 0 see no key (bottom right, N > N_k): no block visits them.
+  const int unseen_rows = args.causal == attn::Causal::none ? 0 : std::min(std::max(-diagonal, 0), args.tokens);
+  const int64_t padded_rows = slices * row_tiles * T::kBlockM;  // also dq_values / kTileColumns
   constexpr int kRowThreads = 256;
-  const int64_t row_threads = padded_rows * (kHeadDim / 8);
-  row_vectors_kernel<Element, T::kBlockM, kHeadDim>
+  const int64_t row_threads = padded_rows * T::kRowVectorLanes;
+  row_vectors_kernel<T, Element>
       <<<unsigned((row_threads + kRowThreads - 1) / kRowThreads), kRowThreads, 0, args.stream>>>(
           o, d_o, args.log_sum_exp, workspace.lse_log2, workspace.row_dot, workspace.dq_sum,
-          padded_rows, args.tokens, row_tiles);
+          reinterpret_cast<Element*>(args.dq), padded_rows, args.tokens, row_tiles, unseen_rows);
   CUDA_CHECK_LAUNCH();
 
-  // Q and dO in Q tiles, K and V in the block's tile, each box one 64-column swizzle block.
-  const attn::TensorStrides strides =
-      attn::actual_strides({}, args.heads, args.tokens, args.head_dim);
-  auto map = [&](const void* tensor, int box_rows) {
-    return hopper::tensor_map(tensor, args.dtype, args.batch, args.heads, args.tokens,
-                              args.head_dim, strides, box_rows, T::kSwizzleColumns,
-                              hopper::tensor_map_swizzle(T::kSwizzle));
+  // Q and dO in Q tiles of N rows a slice, K and V in the block's tile of N_k rows a slice, each
+  // box one 64-column swizzle block.
+  auto map = [&](const void* tensor, int rows, int box_rows) {
+    return hopper::tensor_map(tensor, args.dtype, args.batch, args.heads, rows, args.head_dim,
+                              attn::actual_strides({}, args.heads, rows, args.head_dim), box_rows,
+                              T::kSwizzleColumns, hopper::tensor_map_swizzle(T::kSwizzle));
   };
-  const CUtensorMap q_map = map(args.q, T::kBlockM), k_map = map(args.k, T::kBlockN),
-                    v_map = map(args.v, T::kBlockN), d_o_map = map(args.d_o, T::kBlockM);
+  const CUtensorMap q_map = map(args.q, args.tokens, T::kBlockM),
+                    k_map = map(args.k, args.kv_tokens, T::kBlockN),
+                    v_map = map(args.v, args.kv_tokens, T::kBlockN),
+                    d_o_map = map(args.d_o, args.tokens, T::kBlockM);
   // Block b serves K/V tile b % key_tiles of slice b / key_tiles (under the causal mask, in the
   // longest-first order of groups of slices). In the deterministic mode a block waits only for
   // the blocks of its slice's earlier K/V tiles, which have lower indices in either order: the
@@ -734,7 +783,6 @@ void launch_for(const attn::BackwardArgs& args) {
   // (Under the causal mask the Q tiles a K/V tile visits are also visited by every earlier one.)
   const int64_t blocks = slices * key_tiles;
   if (blocks > INT32_MAX) throw attn::CudaError("v10: more than 2^31 blocks");
-  const int diagonal = int(attn::causal_diagonal(args.causal, args.tokens, args.tokens));
   attn::with_flags(
       [&](auto deterministic, auto causal) {
         constexpr bool kCausal = decltype(causal)::value;
@@ -744,8 +792,9 @@ void launch_for(const attn::BackwardArgs& args) {
         kernel<<<unsigned(blocks), T::kThreads, kSharedBytes<T>, args.stream>>>(
             q_map, k_map, v_map, d_o_map, workspace.lse_log2, workspace.row_dot, workspace.dq_sum,
             workspace.dq_turns, reinterpret_cast<Element*>(args.dq),
-            reinterpret_cast<Element*>(args.dk), reinterpret_cast<Element*>(args.dv), args.heads,
-            args.tokens, policies::Mask<kCausal>{args.tokens, diagonal}, key_tiles, row_tiles,
+            reinterpret_cast<Element*>(args.dk), reinterpret_cast<Element*>(args.dv),
+            args.key_padding_mask, args.heads, args.tokens,
+            policies::Mask<kCausal>{args.kv_tokens, diagonal}, key_tiles, row_tiles,
             float(args.scale), float(M_LOG2E * args.scale));
       },
       args.deterministic, args.causal != attn::Causal::none);
@@ -761,19 +810,34 @@ void launch_for(const attn::BackwardArgs& args) {
   CUDA_CHECK_LAUNCH();
 }
 
-// Query rows per Q tile and Q/dO stages at each head dim, chosen by measurement (chapter 17): at
-// D = 64, 128-row Q tiles (the consumers split dQ's rows) were 9-15% faster than 64-row ones; at
-// D = 128 the registers allow 64 rows only (dK and dV alone hold 128 a thread), and a third
-// stage gained nothing. A define replaces one: -DATTN_V10_TILES_D64=64\,2.
+// Query rows per Q tile and Q/dO stages at each head dim (and the tile's columns, where they are
+// not D rounded up to a swizzle block), chosen by measurement (chapter 17): at D = 64, 128-row Q
+// tiles (the consumers split dQ's rows) were 9-15% faster than 64-row ones; at D = 128 the
+// registers allow 64 rows only (dK and dV alone hold 128 a thread), and a third stage gained
+// nothing. At D = 80 and 96, 96 columns with 128-row tiles spill (dK, dV, S^T and dP^T hold 224
+// a thread) and leave shared memory for one stage only; 64-row tiles with 96 columns would start
+// the second consumer's dQ columns inside a 32-column swizzle block (column 48), which an operand
+// descriptor here cannot express; so they run the D = 128 tiles, zeros past D. A define replaces one: -DATTN_V10_TILES_D64=64\,2.
 #ifndef ATTN_V10_TILES_D64
 #define ATTN_V10_TILES_D64 128, 2
 #endif
 #ifndef ATTN_V10_TILES_D128
 #define ATTN_V10_TILES_D128 64, 2
 #endif
+#ifndef ATTN_V10_TILES_D32
+#define ATTN_V10_TILES_D32 128, 2
+#endif
+#ifndef ATTN_V10_TILES_D80
+#define ATTN_V10_TILES_D80 64, 2, 128
+#endif
+#ifndef ATTN_V10_TILES_D96
+#define ATTN_V10_TILES_D96 64, 2, 128
+#endif
 
 // The step's one list of them: the registration's head dims, the launch and the shared memory.
-using TileTable = attn::TileTable<Tiles<64, ATTN_V10_TILES_D64>, Tiles<128, ATTN_V10_TILES_D128>>;
+using TileTable = attn::TileTable<Tiles<32, ATTN_V10_TILES_D32>, Tiles<64, ATTN_V10_TILES_D64>,
+                                  Tiles<80, ATTN_V10_TILES_D80>, Tiles<96, ATTN_V10_TILES_D96>,
+                                  Tiles<128, ATTN_V10_TILES_D128>>;
 
 void launch_hopper_backward(const attn::BackwardArgs& args) {
   TileTable::with_shape(args.head_dim, [&](auto tiles) {
@@ -821,4 +885,6 @@ ATTN_REGISTER_STEP(attn::backward_step_info(ATTN_STEP_ID,
                        .with_tiles(tile_sizes)
                        .with_pipeline_report(hopper::kPipelineReport)
                        .with_deterministic_mode()
+                       .taking_kv_tokens()
+                       .taking_key_padding_mask()
                        .taking_causal())
