@@ -18,12 +18,14 @@
 #include <cstring>
 #include <exception>
 #include <initializer_list>
+#include <iterator>
 #include <map>
 #include <mutex>
 #include <new>
 #include <optional>
 #include <string>
 #include <tuple>
+#include <vector>
 
 #include "ceilings.hpp"
 #include "cuda_check.hpp"
@@ -115,6 +117,20 @@ attn::Shape shape_of(int64_t batch, int64_t heads, int64_t tokens, int64_t head_
     bytes *= factor;
   }
   return attn::Shape{batch, heads, tokens, head_dim};
+}
+
+// N_k as a call gives it (kv_tokens; 0 is handled by the caller: as many as the queries),
+// checked as shape_of checks N, with K's byte count too.
+int64_t keys_of(int64_t kv_tokens, int64_t batch, int64_t heads, int64_t head_dim) {
+  if (kv_tokens < 0) {
+    throw Refused{"kv_tokens " + std::to_string(kv_tokens) +
+                  ": it must be at least 1 (0 means as many keys as tokens)"};
+  }
+  try {
+    return shape_of(batch, heads, kv_tokens, head_dim).tokens;
+  } catch (const Refused& refused) {
+    throw Refused{"kv_tokens: " + refused.why};
+  }
 }
 
 // `shape` with the element type a call names (ATTN_DTYPE_*); any other value is refused.
@@ -517,7 +533,7 @@ void launch_call(const char* id, const attn_launch_args& call) {
   attn::Shape shape =
       with_dtype(shape_of(call.batch, call.heads, call.tokens, call.head_dim), call.dtype);
   if (call.kv_tokens != 0) {  // cross-attention: N_k keys and values; a step that serves it
-    shape.kv_tokens = shape_of(1, 1, call.kv_tokens, call.head_dim).tokens;
+    shape.kv_tokens = keys_of(call.kv_tokens, call.batch, call.heads, call.head_dim);
   }
   // A mask is part of the problem: a step that takes none refuses it, naming --key-padding.
   shape.key_padding = call.key_padding_mask != nullptr;
@@ -551,7 +567,9 @@ void launch_call(const char* id, const attn_launch_args& call) {
                  });
 }
 
-// attn_launch_backward. The checks of a forward launch, for eight tensors and L.
+// attn_launch_backward. The checks of a forward launch, for eight tensors, L and the mask: N_k
+// and the key-padding mask are part of the problem as in launch_call (a step that takes neither
+// refuses them, naming --kv-tokens or --key-padding), K, V, dK and dV are sized by N_k.
 void launch_backward_call(const char* id, const attn_backward_args& call) {
   const attn::StepInfo& step = step_named(id);
   if (!attn::is_backward(step.kind)) {
@@ -559,22 +577,41 @@ void launch_backward_call(const char* id, const attn_backward_args& call) {
   }
   attn::Shape shape =
       with_dtype(shape_of(call.batch, call.heads, call.tokens, call.head_dim), call.dtype);
+  if (call.kv_tokens != 0) {  // cross-attention: N_k keys, values and their gradients
+    shape.kv_tokens = keys_of(call.kv_tokens, call.batch, call.heads, call.head_dim);
+  }
+  shape.key_padding = call.key_padding_mask != nullptr;
   shape.causal = causal_of(call.causal);
   check_scale(call.scale);
   const int device = device_for_launch(step, shape);
   const bool query_cuda = call.pointers_checked_by_caller == 0;
-  const std::size_t bytes = std::size_t(shape.elements()) * sizeof(__half);
-  const std::pair<const char*, const void*> inputs[] = {
-      {"q", call.q}, {"k", call.k}, {"v", call.v}, {"o", call.o}, {"d_o", call.d_o}};
-  const std::pair<const char*, const void*> outputs[] = {{"dq", call.dq}, {"dk", call.dk}, {"dv", call.dv}};
-  for (const auto& [name, pointer] : inputs) check_pointer(name, pointer, device, query_cuda);
-  for (const auto& [name, pointer] : outputs) check_pointer(name, pointer, device, query_cuda);
-  check_pointer("log_sum_exp", call.log_sum_exp, device, query_cuda);
-  for (const auto& [output_name, output] : outputs) {
-    for (const auto& [input_name, input] : inputs) {
-      if (overlaps(output, bytes, input, bytes)) {
+  const std::size_t bytes = std::size_t(shape.elements()) * sizeof(__half);        // Q, O, dO, dQ
+  const std::size_t kv_bytes = std::size_t(shape.kv_elements()) * sizeof(__half);  // K, V, dK, dV
+  const std::size_t rows_bytes = std::size_t(shape.slices() * shape.tokens) * sizeof(float);
+  const std::size_t mask_bytes = std::size_t(shape.batch * shape.keys());
+  using Tensor = std::tuple<const char*, const void*, std::size_t>;
+  std::vector<Tensor> inputs = {{"q", call.q, bytes},     {"k", call.k, kv_bytes},
+                                {"v", call.v, kv_bytes},  {"o", call.o, bytes},
+                                {"d_o", call.d_o, bytes}, {"log_sum_exp", call.log_sum_exp, rows_bytes}};
+  if (call.key_padding_mask != nullptr) {
+    inputs.emplace_back("key_padding_mask", call.key_padding_mask, mask_bytes);
+  }
+  const Tensor outputs[] = {{"dq", call.dq, bytes}, {"dk", call.dk, kv_bytes}, {"dv", call.dv, kv_bytes}};
+  for (const auto& [name, pointer, size] : inputs) check_pointer(name, pointer, device, query_cuda);
+  for (const auto& [name, pointer, size] : outputs) check_pointer(name, pointer, device, query_cuda);
+  for (std::size_t i = 0; i < std::size(outputs); ++i) {
+    const auto& [output_name, output, output_bytes] = outputs[i];
+    for (const auto& [input_name, input, input_bytes] : inputs) {
+      if (overlaps(output, output_bytes, input, input_bytes)) {
         throw Refused{std::string(output_name) + " overlaps " + input_name +
                       ": the gradients must not share memory with an input"};
+      }
+    }
+    for (std::size_t j = 0; j < i; ++j) {
+      const auto& [other_name, other, other_bytes] = outputs[j];
+      if (overlaps(output, output_bytes, other, other_bytes)) {
+        throw Refused{std::string(output_name) + " overlaps " + other_name +
+                      ": each gradient needs memory of its own"};
       }
     }
   }
@@ -585,6 +622,7 @@ void launch_backward_call(const char* id, const attn_backward_args& call) {
        static_cast<const __half*>(call.d_o), static_cast<const float*>(call.log_sum_exp),
        static_cast<__half*>(call.dq), static_cast<__half*>(call.dk), static_cast<__half*>(call.dv)},
       nullptr, static_cast<cudaStream_t>(call.stream), call.deterministic != 0, call.scale);
+  args.key_padding_mask = static_cast<const uint8_t*>(call.key_padding_mask);
   with_workspace(step, shape, device, call.workspace, call.workspace_bytes, query_cuda, call.stream,
                  {}, 0, [&](void* workspace) {
                    args.workspace = workspace;
@@ -685,7 +723,9 @@ int attn_choose_step(const attn_call* call, char* id, std::size_t id_size, char*
     if (id == nullptr || id_size < 2) throw Refused{"id is NULL or has no room for a step id"};
     attn::Shape shape =
         with_dtype(shape_of(call->batch, call->heads, call->tokens, call->head_dim), call->dtype);
-    if (call->kv_tokens != 0) shape.kv_tokens = shape_of(1, 1, call->kv_tokens, 1).tokens;
+    if (call->kv_tokens != 0) {
+      shape.kv_tokens = keys_of(call->kv_tokens, call->batch, call->heads, call->head_dim);
+    }
     shape.key_padding = call->key_padding_mask != 0;
     shape.causal = causal_of(call->causal);
     const attn::DeviceLimits device = call->compute_capability > 0

@@ -35,7 +35,7 @@ extern "C" {
 #endif
 
 /* Bumped when a signature or a struct below changes. */
-#define ATTN_ABI_VERSION 7
+#define ATTN_ABI_VERSION 8
 
 #define ATTN_OK 0
 #define ATTN_REFUSED 2
@@ -68,10 +68,12 @@ typedef struct attn_step_info {
   int uses_workspace;          /* 1 when it needs scratch device memory (attn_workspace_bytes) */
   int takes_strides;           /* 1 when it reads and writes views (attn_run_strided) */
   int writes_log_sum_exp;      /* 1 when it writes L (attn_run_with_log_sum_exp) */
-  int is_backward;             /* 1 for a backward step (dQ, dK, dV): listed, not run here */
+  int is_backward;             /* 1 for a backward step (dQ, dK, dV): run by attn_launch_backward */
   int takes_bf16;              /* 1 when it takes dtype ATTN_DTYPE_BF16 as well as fp16 */
-  int takes_kv_tokens;         /* 1 when it serves kv_tokens != tokens (cross-attention) */
-  int takes_key_padding_mask;  /* 1 when it honours attn_launch_args::key_padding_mask */
+  int takes_kv_tokens;         /* 1 when it serves kv_tokens != tokens (cross-attention), in
+                                  attn_launch_args or, for a backward step, attn_backward_args */
+  int takes_key_padding_mask;  /* 1 when it honours key_padding_mask (the forward's or the
+                                  backward's) */
   int takes_causal;            /* 1 when it honours attn_launch_args::causal (or the backward's) */
 } attn_step_info;
 
@@ -209,11 +211,13 @@ int attn_launch(const char* id, const attn_launch_args* args, char* message,
                 size_t message_size);
 
 /* A backward step (is_backward): dQ, dK and dV from dO, given the forward's O and L (as a step
- * that writes_log_sum_exp wrote them). All [B, H, N, D] contiguous of `dtype` (fp16 unless set)
- * but L (fp32 [B, H, N]);
- * dQ, dK and dV must not overlap the inputs. Zero it first; fields left zero mean what the
- * comments of attn_launch_args say (scale 0: 1/sqrt(head_dim); workspace NULL: allocated
- * stream-ordered). */
+ * that writes_log_sum_exp wrote them). Contiguous tensors of `dtype` (fp16 unless set): Q, O, dO
+ * and dQ [B, H, N, D], K, V, dK and dV [B, H, N_k, D], L fp32 [B, H, N]. dQ, dK and dV must not
+ * overlap the inputs or each other. Zero it first; fields left zero mean what the comments of
+ * attn_launch_args say (kv_tokens 0: as many as tokens; scale 0: 1/sqrt(head_dim); workspace
+ * NULL: allocated stream-ordered). The forward's masks come back here: kv_tokens,
+ * key_padding_mask and causal must be those the forward ran with (kv_tokens and
+ * key_padding_mask: since ABI version 8). */
 typedef struct attn_backward_args {
   const void* q;
   const void* k;
@@ -225,6 +229,13 @@ typedef struct attn_backward_args {
   void* dk;
   void* dv;
   int64_t batch, heads, tokens, head_dim;
+  /* Keys and values per (b, h), N_k, as in attn_launch_args; 0 means `tokens`. Another count is
+   * cross-attention, for a step whose info has takes_kv_tokens; the others refuse it. */
+  int64_t kv_tokens;
+  /* NULL, or the forward's [B, N_k] bytes on the device, nonzero where a key is padding, for a
+   * step whose info has takes_key_padding_mask (the others refuse it): a padded key gets
+   * dK = dV = 0, and a row that saw no key (L = -inf) gets dQ = 0. */
+  const void* key_padding_mask;
   double scale;
   void* workspace;
   size_t workspace_bytes;

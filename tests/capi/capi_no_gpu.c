@@ -30,6 +30,81 @@ static void expect_answer(int status, int expected, const char* message, const c
   expect(status == expected && strstr(message, fragment) != NULL, what, detail);
 }
 
+/* With a GPU: the backward's pointer and overlap checks in cross-attention with a mask, by the
+ * backward step this GPU would run for it. The caller vouches for the pointers
+ * (pointers_checked_by_caller), so host memory of this program stands in for the tensors: only
+ * alignment and overlaps are judged, and every call here is refused before anything launches.
+ * K, V, dK and dV are N_k = 64 rows long, Q, O, dO and dQ N = 16: an overlap within K's N_k rows
+ * but past N rows must be seen. */
+static void backward_pointer_checks(void) {
+  enum { N = 16, KEYS = 64, D = 64 };
+  static char memory[98304] __attribute__((aligned(16)));
+  char message[1024], id[32] = "";
+  attn_call call;
+  attn_backward_args args;
+  memset(&call, 0, sizeof call);
+  call.backward = 1;
+  call.batch = call.heads = 1;
+  call.tokens = N;
+  call.kv_tokens = KEYS;
+  call.head_dim = D;
+  call.key_padding_mask = 1;
+  if (attn_choose_step(&call, id, sizeof id, message, sizeof message) != ATTN_OK) {
+    printf("        skipped: the backward's pointer checks in cross-attention with a mask (%s)\n",
+           message);
+    return;
+  }
+  printf("        the backward's pointer checks, by %s\n", id);
+  memset(&args, 0, sizeof args);
+  args.batch = args.heads = 1;
+  args.tokens = N;
+  args.kv_tokens = KEYS;
+  args.head_dim = D;
+  args.pointers_checked_by_caller = 1;
+  /* q 2 KB, k and v 8 KB each, o and d_o 2 KB, L 64 bytes, the mask 64 bytes; dq, dk, dv. */
+  args.q = memory;
+  args.k = memory + 4096;
+  args.v = memory + 16384;
+  args.o = memory + 28672;
+  args.d_o = memory + 32768;
+  args.log_sum_exp = memory + 36864;
+  args.key_padding_mask = memory + 40960;
+  args.dq = memory + 45056;
+  args.dk = memory + 49152;
+  args.dv = memory + 61440;
+  {
+    attn_backward_args bad = args;
+    bad.dk = memory + 4096 + 4096; /* inside K's 64 rows, past what 16 rows would span */
+    expect_answer(attn_launch_backward(id, &bad, message, sizeof message), ATTN_REFUSED, message,
+                  "dk overlaps k", "dk overlapping K's N_k rows is refused");
+  }
+  {
+    attn_backward_args bad = args;
+    bad.dv = memory + 49152 + 4096;
+    expect_answer(attn_launch_backward(id, &bad, message, sizeof message), ATTN_REFUSED, message,
+                  "dv overlaps dk", "dv overlapping dk is refused");
+  }
+  {
+    attn_backward_args bad = args;
+    bad.key_padding_mask = memory + 40960 + 1;
+    expect_answer(attn_launch_backward(id, &bad, message, sizeof message), ATTN_REFUSED, message,
+                  "key_padding_mask", "a misaligned key-padding mask is refused, naming it");
+    expect(strstr(message, "16-byte aligned") != NULL, "... as not 16-byte aligned", message);
+  }
+  {
+    attn_backward_args bad = args;
+    bad.dq = memory + 40960;
+    expect_answer(attn_launch_backward(id, &bad, message, sizeof message), ATTN_REFUSED, message,
+                  "dq overlaps key_padding_mask", "dq overlapping the mask is refused");
+  }
+  {
+    attn_backward_args bad = args;
+    bad.log_sum_exp = NULL;
+    expect_answer(attn_launch_backward(id, &bad, message, sizeof message), ATTN_REFUSED, message,
+                  "log_sum_exp is NULL", "a NULL L is refused");
+  }
+}
+
 int main(void) {
   char message[1024];
   int i, count, index_v0 = -1, index_eager = -1, last_step = -1, first_baseline = -1;
@@ -123,6 +198,42 @@ int main(void) {
     call.dtype = ATTN_DTYPE_BF16;
     expect_answer(attn_launch("v0", &call, message, sizeof message), ATTN_REFUSED, message,
                   "does not serve --dtype bf16", "a step that takes fp16 only refuses bf16");
+  }
+  /* The backward's N_k and key-padding mask (attn_backward_args, ABI version 8): a backward step
+   * that does not take them refuses them before anything else, naming the flag; one that does
+   * goes on to the next check (no CUDA device here, or the NULL pointers on a GPU). */
+  for (i = 0; i < count; ++i) {
+    static char fake_mask[64] __attribute__((aligned(16)));
+    attn_backward_args backward = {0};
+    char what[200];
+    int status;
+    if (attn_step_get(i, &info) != ATTN_OK || !info.is_backward) continue;
+    backward.batch = backward.heads = 1;
+    backward.tokens = backward.head_dim = 64;
+    backward.kv_tokens = 32;
+    status = attn_launch_backward(info.id, &backward, message, sizeof message);
+    if (!info.takes_kv_tokens) {
+      snprintf(what, sizeof what, "%s (takes_kv_tokens 0) refuses the backward's kv_tokens", info.id);
+      expect_answer(status, ATTN_REFUSED, message, "does not serve --kv-tokens 32", what);
+    } else {
+      snprintf(what, sizeof what, "%s (takes_kv_tokens 1) takes the backward's kv_tokens", info.id);
+      expect(status != ATTN_OK && strstr(message, "--kv-tokens") == NULL, what, message);
+    }
+    backward.kv_tokens = 0;
+    backward.key_padding_mask = fake_mask;
+    status = attn_launch_backward(info.id, &backward, message, sizeof message);
+    if (!info.takes_key_padding_mask) {
+      snprintf(what, sizeof what, "%s (takes_key_padding_mask 0) refuses the backward's mask", info.id);
+      expect_answer(status, ATTN_REFUSED, message, "does not serve --key-padding", what);
+    } else {
+      snprintf(what, sizeof what, "%s (takes_key_padding_mask 1) takes the backward's mask", info.id);
+      expect(status != ATTN_OK && strstr(message, "--key-padding") == NULL, what, message);
+    }
+    backward.key_padding_mask = NULL;
+    backward.kv_tokens = -3;
+    snprintf(what, sizeof what, "%s: a negative kv_tokens is refused, naming it", info.id);
+    expect_answer(attn_launch_backward(info.id, &backward, message, sizeof message), ATTN_REFUSED,
+                  message, "kv_tokens -3", what);
   }
   for (i = 0; i < count; ++i) { /* step 6 says it takes bf16; v0 says it does not */
     if (attn_step_get(i, &info) != ATTN_OK) continue;
@@ -230,6 +341,7 @@ int main(void) {
       expect_answer(attn_run("v0", NULL, NULL, NULL, NULL, 1, 1, 1, 64, NULL, message,
                              sizeof message),
                     ATTN_REFUSED, message, "q is NULL", "attn_run refuses NULL pointers (2)");
+      backward_pointer_checks();
     }
   }
 

@@ -132,8 +132,30 @@ class Choice(unittest.TestCase):
         self.assertEqual(steps.choose_step((2, 3, 65, 64), kv_tokens=130, key_padding_mask=True,
                                            causal="bottom-right", dtype="bf16",
                                            compute_capability=90), "v8")
-        with self.assertRaisesRegex(steps.StepRefused, "does not serve --kv-tokens 130"):
-            steps.choose_step((2, 3, 65, 64), kv_tokens=130, backward=True, compute_capability=90)
+
+    def test_the_backward_of_cross_attention_and_of_a_mask(self):
+        # The backward step the listing says serves N_k != N, a key-padding mask or both at D = 64
+        # on an H100 (the highest-numbered), or the refusal naming what none takes.
+        def takers(**flags):
+            return [info.id for info in steps.list_steps()
+                    if info.is_backward and not info.is_baseline and 64 in info.head_dims and
+                    info.min_compute_capability <= 90 and info.max_compute_capability in (0, 90) and
+                    all(getattr(info, flag) for flag, wanted in flags.items() if wanted)]
+
+        for cross, masked, refusal in ((True, False, "does not serve --kv-tokens 130"),
+                                       (False, True, "does not serve --key-padding"),
+                                       (True, True, "does not serve --")):
+            with self.subTest(cross=cross, masked=masked):
+                def choose():
+                    return steps.choose_step((2, 3, 65, 64), kv_tokens=130 if cross else None,
+                                             key_padding_mask=masked, backward=True,
+                                             compute_capability=90)
+                served = takers(takes_kv_tokens=cross, takes_key_padding_mask=masked)
+                if served:
+                    self.assertEqual(choose(), served[-1])
+                else:
+                    with self.assertRaisesRegex(steps.StepRefused, refusal):
+                        choose()
 
     def test_none_serves(self):
         with self.assertRaisesRegex(steps.StepRefused, "no forward step that writes L serves"):
