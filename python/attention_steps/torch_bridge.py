@@ -14,9 +14,10 @@ named, each call runs the step the library chooses for it on its GPU (attention_
 restore_attention(model) puts the original modules back.
 
 Autograd: a forward on inputs that require grad keeps O and L, and backward runs the backward
-step the library chooses for the call on the GPU (attn_choose_step: v10, the Hopper backward, on
-an H100; v9, the FlashAttention-2 backward, elsewhere: 64 and 128); where none serves it, backward
-raises NotImplementedError with each step's reason.
+step the library chooses for the call on the GPU (attn_choose_step, told N_k, the key-padding
+mask and the causal alignment: v10, the Hopper backward, on an H100; v9, the FlashAttention-2
+backward, elsewhere; at the head dims they serve); where none serves it, backward raises
+NotImplementedError with each step's reason.
 """
 import contextlib
 
@@ -31,9 +32,10 @@ RECORD_PREFIX = "attention_steps::"  # profiler ranges around each kernel call: 
 _attention_op = torch_op.load_if_built()
 
 
-def attention(q, k, v, step="v6", *, scale=None, causal=None):
+def attention(q, k, v, step="v6", *, scale=None, causal=None, key_padding_mask=None):
     """O = softmax(scale Q K^T) V by step `step` (scale None: 1/sqrt(D)), for CUDA fp16
-    [B, H, N, D] tensors q, k, v of one shape. Any strides: a step that takes views (v7, v8)
+    [B, H, N, D] tensors q, and k, v of one shape [B, H, N_k, D] (N_k = N but for a step that
+    serves cross-attention). Any strides: a step that takes views (v7, v8)
     reads q, k and v in place when they share strides with rows of D contiguous (slices of one
     packed projection) and returns O as a view of [B, N, H, D] memory ([N, B, H, D] when q is
     sequence-first); other steps get contiguous copies. Queued on the current stream of their device. Raises ValueError for a
@@ -41,9 +43,12 @@ def attention(q, k, v, step="v6", *, scale=None, causal=None):
     TypeError for a dtype other than float16 and bfloat16 (bfloat16 for the steps that take it:
     v6 and v8), RuntimeError for a CUDA failure. causal: None, "top-left" (query i sees keys
     j <= i, as SDPA's is_causal=True) or "bottom-right" (j <= i + N_k - N), for a step that takes
-    a causal mask (v0, v6, v8; v9 and v10 in the backward)."""
+    a causal mask (v0, v6, v8; v9 and v10 in the backward). key_padding_mask: None, or bool
+    [B, N_k], True where a key is padding (PyTorch's), for a step that takes one; a row with no
+    key left gets O = 0 (and zero gradients). The backward gets the same masks."""
     operator = _attention_op if _attention_op is not None else torch_op.load()  # says how to build it
-    return operator(q, k, v, step, scale, None, torch_op.needs_grad((q, k, v)), causal)[0]
+    return operator(q, k, v, step, scale, key_padding_mask, torch_op.needs_grad((q, k, v)),
+                    causal)[0]
 
 
 class StepSelfAttention(nn.Module):

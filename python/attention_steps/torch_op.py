@@ -13,9 +13,17 @@ returns O (fp16 [B, H, N, D]; for a step that takes views, a view of [B, N, H, D
 (fp32 [B, H, N], each row's log-sum-exp, when return_log_sum_exp; an empty tensor otherwise).
 causal: None, "top-left" (query i sees keys j <= i, as SDPA's is_causal=True) or "bottom-right"
 (j <= i + N_k - N, as FlashAttention), for a step that takes a causal mask; autograd's backward
-gets the same mask. This module loads it and registers its fake implementation: the shapes and strides of O and L
-from the shapes of q, k and v alone, so torch.compile traces the operator without running it
-(also with dynamic shapes), and without a graph break.
+gets the same masks (causal and key-padding) and N_k, and runs the backward step the library
+chooses for them:
+
+    attention_backward(Tensor d_o, Tensor q, Tensor k, Tensor v, Tensor o, Tensor log_sum_exp,
+                       str step, float? scale=None, bool deterministic=False, str? causal=None,
+                       Tensor? key_padding_mask=None) -> (Tensor, Tensor, Tensor)
+
+returns dQ shaped like q and dK, dV shaped like k and v (contiguous). This module loads both and
+registers their fake implementations: the shapes and strides of the outputs from the shapes of
+the inputs alone, so torch.compile traces the operators without running them (also with dynamic
+shapes), and without a graph break.
 """
 import functools
 
@@ -55,8 +63,9 @@ def _fake_attention(q, k, v, step, scale=None, key_padding_mask=None, return_log
 
 
 def _fake_attention_backward(d_o, q, k, v, o, log_sum_exp, step, scale=None,
-                             deterministic=False, causal=None):
-    return q.new_empty(q.shape), q.new_empty(q.shape), q.new_empty(q.shape)
+                             deterministic=False, causal=None, key_padding_mask=None):
+    # dQ like q, dK and dV like k and v ([B, H, N_k, D] in cross-attention), all contiguous.
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
 @functools.lru_cache(maxsize=None)

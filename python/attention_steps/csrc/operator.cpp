@@ -16,16 +16,24 @@
 // without a copy. python/attention_steps/torch_op.py states the same strides for torch.compile
 // (its fake implementation).
 //
-// Autograd: a C++ autograd function saves Q, K, V, O and L; its backward runs
-// attention_backward with the backward step the library chooses for the call on this GPU
-// (attn_choose_step: v10 on Hopper, v9 elsewhere), which rebuilds P from L. attention_backward is an operator of its own, so
-// torch.compile traces the backward too.
+// Autograd: a C++ autograd function saves Q, K, V, O, L and the key-padding mask; its backward
+// runs attention_backward with the backward step the library chooses for the call on this GPU
+// (attn_choose_step, told N_k, the mask and the causal alignment: v10 on Hopper, v9 elsewhere),
+// which rebuilds P from L. attention_backward is an operator of its own, so torch.compile traces
+// the backward too:
+//
+//   attention_backward(Tensor d_o, Tensor q, Tensor k, Tensor v, Tensor o, Tensor log_sum_exp,
+//                      str step, float? scale=None, bool deterministic=False, str? causal=None,
+//                      Tensor? key_padding_mask=None) -> (Tensor dq, Tensor dk, Tensor dv)
+//
+// dQ is shaped like q, dK and dV like k and v ([B, H, N_k, D]), all contiguous.
 #include <ATen/cuda/CUDAContext.h>
 #include <Python.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/autograd.h>
 #include <torch/library.h>
 
+#include <limits>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -44,8 +52,24 @@ struct StepFacts {
   bool is_backward = false;
 };
 
+// The library this operator was linked against must speak the header it was compiled with: the
+// structs it fills (attn_launch_args, attn_backward_args) change with the version. Empty when it
+// does, else the line to raise (PyInit__operator raises it as ImportError, the operator as
+// RuntimeError).
+std::string abi_mismatch() {
+  const int loaded = attn_abi_version();
+  if (loaded == ATTN_ABI_VERSION) return {};
+  return "attention_steps: the operator was built against C ABI version " +
+         std::to_string(ATTN_ABI_VERSION) + " (capi/attention_steps.h) but the library it loaded, "
+         "libattention_steps.so, speaks version " + std::to_string(loaded) + "; rebuild both from "
+         "one checkout (cmake --build build --target attention_steps, then pip install "
+         "--no-build-isolation ./python)";
+}
+
 const std::unordered_map<std::string, StepFacts>& all_steps() {
   static const std::unordered_map<std::string, StepFacts> steps = [] {
+    const std::string mismatch = abi_mismatch();
+    TORCH_CHECK(mismatch.empty(), mismatch);
     std::unordered_map<std::string, StepFacts> found;
     for (int index = 0; index < attn_step_count(); ++index) {
       attn_step_info info{};
@@ -195,6 +219,23 @@ int causal_of(const std::optional<c10::string_view>& causal) {
   return ATTN_CAUSAL_NONE;
 }
 
+// The key-padding mask as the C ABI takes it: [B, N_k] bool (True: padding), contiguous, on q's
+// device; an undefined tensor when there is none.
+at::Tensor padding_bytes(const std::optional<at::Tensor>& key_padding_mask, const at::Tensor& q,
+                         const at::Tensor& k) {
+  if (!key_padding_mask.has_value() || !key_padding_mask->defined()) return {};
+  const at::Tensor& mask = *key_padding_mask;
+  TORCH_CHECK_TYPE(mask.scalar_type() == at::kBool, "attention_steps: key_padding_mask is ",
+                   mask.scalar_type(), "; it must be torch.bool (True: padding)");
+  TORCH_CHECK_VALUE(mask.dim() == 2 && mask.size(0) == q.size(0) && mask.size(1) == k.size(2),
+                    "attention_steps: key_padding_mask must be [B, N_k] = [",
+                    std::to_string(q.size(0)), ", ", std::to_string(k.size(2)), "]; it has shape ",
+                    shape_text(mask));
+  TORCH_CHECK_VALUE(mask.device() == q.device(), "attention_steps: key_padding_mask is on ",
+                    mask.device(), ", q on ", q.device());
+  return mask.contiguous();
+}
+
 // A refusal as ValueError, any other failure as RuntimeError, with the library's line.
 void check_status(int status, const char* message) {
   TORCH_CHECK_VALUE(status != ATTN_REFUSED, "attention_steps: ", message);
@@ -242,7 +283,12 @@ std::tuple<at::Tensor, at::Tensor> attention_kernel(const at::Tensor& q, const a
   const at::Tensor log_sum_exp =
       at::empty(return_log_sum_exp ? at::IntArrayRef{batch, heads, tokens} : at::IntArrayRef{0},
                 q.options().dtype(at::kFloat));
-  if (q.numel() == 0 || k.numel() == 0) return {o, log_sum_exp};  // nothing to compute
+  if (q.numel() == 0) return {o, log_sum_exp};  // nothing to compute
+  if (k.numel() == 0) {  // no key at all: every row sees none, O = 0 and L = -inf
+    o.zero_();
+    log_sum_exp.fill_(-std::numeric_limits<float>::infinity());
+    return {o, log_sum_exp};
+  }
 
   attn_launch_args call{};
   call.q = q_in.data_ptr();
@@ -255,20 +301,8 @@ std::tuple<at::Tensor, at::Tensor> attention_kernel(const at::Tensor& q, const a
   call.tokens = tokens;
   call.head_dim = head_dim;
   call.kv_tokens = k.size(2);
-  at::Tensor padding;  // [B, N_k] bool, contiguous: the C ABI's bytes
-  if (key_padding_mask.has_value() && key_padding_mask->defined()) {
-    const at::Tensor& mask = *key_padding_mask;
-    TORCH_CHECK_TYPE(mask.scalar_type() == at::kBool, "attention_steps: key_padding_mask is ",
-                     mask.scalar_type(), "; it must be torch.bool (True: padding)");
-    TORCH_CHECK_VALUE(mask.dim() == 2 && mask.size(0) == batch && mask.size(1) == k.size(2),
-                      "attention_steps: key_padding_mask must be [B, N_k] = [",
-                      std::to_string(batch), ", ", std::to_string(k.size(2)), "]; it has shape ",
-                      shape_text(mask));
-    TORCH_CHECK_VALUE(mask.device() == q.device(), "attention_steps: key_padding_mask is on ",
-                      mask.device(), ", q on ", q.device());
-    padding = mask.contiguous();
-    call.key_padding_mask = padding.data_ptr();
-  }
+  const at::Tensor padding = padding_bytes(key_padding_mask, q, k);
+  if (padding.defined()) call.key_padding_mask = padding.data_ptr();
   if (strides) call.qkv_strides = *strides;
   if (facts.takes_strides) call.o_strides = attn_strides{o.stride(0), o.stride(1), o.stride(2)};
   call.scale = scale.value_or(0.0);
@@ -282,11 +316,15 @@ std::tuple<at::Tensor, at::Tensor> attention_kernel(const at::Tensor& q, const a
   return {o, log_sum_exp};
 }
 
-// attention_backward: dQ, dK, dV by backward step `step` from dO and what the forward saved.
+// attention_backward: dQ, dK, dV by backward step `step` from dO and what the forward saved
+// (its masks included). dQ like q, dK and dV like k and v: [B, H, N_k, D] in cross-attention.
+// Which steps serve N_k != N or a mask is the library's to say: a step that does not refuses
+// with its reason (ValueError).
 std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_kernel(
     const at::Tensor& d_o, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     const at::Tensor& o, const at::Tensor& log_sum_exp, c10::string_view step,
-    std::optional<double> scale, bool deterministic, std::optional<c10::string_view> causal) {
+    std::optional<double> scale, bool deterministic, std::optional<c10::string_view> causal,
+    const std::optional<at::Tensor>& key_padding_mask) {
   const std::string id(step);
   const StepFacts& facts = facts_of(id);
   TORCH_CHECK_VALUE(facts.is_backward, "attention_steps: ", id, " is not a backward step");
@@ -294,18 +332,25 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_kernel(
                                      {"q", &q}, {"k", &k}, {"v", &v}, {"o", &o}}) {
     check_tensor(name, *tensor, q);
   }
-  TORCH_CHECK_VALUE(k.size(2) == q.size(2), "attention_steps: no backward step serves "
-                    "cross-attention (keys of another count than the queries) yet");
-  TORCH_CHECK_VALUE(k.sizes() == q.sizes() && v.sizes() == q.sizes() && o.sizes() == q.sizes() &&
-                        d_o.sizes() == q.sizes(),
-                    "attention_steps: the backward takes q, k, v, o and d_o of one shape");
+  TORCH_CHECK_VALUE(o.sizes() == q.sizes() && d_o.sizes() == q.sizes(),
+                    "attention_steps: the backward takes q, o and d_o of one shape; got ",
+                    shape_text(q), ", ", shape_text(o), " and ", shape_text(d_o));
+  TORCH_CHECK_VALUE(k.sizes() == v.sizes() && k.size(0) == q.size(0) && k.size(1) == q.size(1) &&
+                        k.size(3) == q.size(3),
+                    "attention_steps: the backward takes k and v of one shape [B, H, N_k, D], "
+                    "agreeing with q ", shape_text(q), " in B, H and D; got ", shape_text(k),
+                    " and ", shape_text(v));
   TORCH_CHECK_VALUE(log_sum_exp.scalar_type() == at::kFloat && log_sum_exp.numel() == q.numel() / q.size(3),
                     "attention_steps: the backward needs L, fp32 [B, H, N], from a forward run "
                     "with return_log_sum_exp=True");
   const c10::cuda::CUDAGuard device_guard(q.device());
+  const at::Tensor padding = padding_bytes(key_padding_mask, q, k);
   const at::Tensor q_in = q.contiguous(), k_in = k.contiguous(), v_in = v.contiguous(),
                    o_in = o.contiguous(), d_o_in = d_o.contiguous(), lse_in = log_sum_exp.contiguous();
-  at::Tensor dq = at::empty_like(q_in), dk = at::empty_like(q_in), dv = at::empty_like(q_in);
+  at::Tensor dq = at::empty_like(q_in), dk = at::empty_like(k_in), dv = at::empty_like(v_in);
+  if (q.numel() == 0 || k.numel() == 0) {  // nothing to compute: no row, or no key to see
+    return {dq.zero_(), dk.zero_(), dv.zero_()};
+  }
   attn_backward_args call{};
   call.q = q_in.data_ptr();
   call.k = k_in.data_ptr();
@@ -320,20 +365,26 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_kernel(
   call.heads = q.size(1);
   call.tokens = q.size(2);
   call.head_dim = q.size(3);
+  call.kv_tokens = k.size(2);
+  call.key_padding_mask = padding.defined() ? padding.data_ptr() : nullptr;
   call.scale = scale.value_or(0.0);
   call.stream = at::cuda::getCurrentCUDAStream(q.get_device()).stream();
   call.pointers_checked_by_caller = 1;
   call.deterministic = deterministic ? 1 : 0;
   call.dtype = dtype_of(q);
   call.causal = causal_of(causal);
+  // Sized by attn_workspace_bytes, which knows N and not N_k: the backward steps' scratch (dQ's
+  // fp32 sum and a row's D) grows with the queries alone. Were a step to need more for N_k, the
+  // library would refuse the launch naming the bytes, never run short.
   const at::Tensor workspace = workspace_for(id, q, call);
   char message[1024];
   check_status(attn_launch_backward(id.c_str(), &call, message, sizeof message), message);
   return {dq, dk, dv};
 }
 
-// The autograd kernel: saves what a backward needs (Q, K, V, O and L); its backward runs the
-// backward step that serves the head dim, or says in one line why none can.
+// The autograd kernel: saves what a backward needs (Q, K, V, O, L and the key-padding mask); its
+// backward runs the backward step the library chooses for the call (its N_k, mask and causal
+// alignment included), or says in one line why none can.
 class AttentionFunction : public torch::autograd::Function<AttentionFunction> {
  public:
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* context,
@@ -351,10 +402,11 @@ class AttentionFunction : public torch::autograd::Function<AttentionFunction> {
         causal ? std::optional<c10::string_view>(*causal) : std::nullopt;
     auto [o, log_sum_exp] =
         op.call(q, k, v, step, scale, key_padding_mask, return_log_sum_exp, causal_view);
-    context->save_for_backward({q, k, v, o, log_sum_exp});
+    // The mask, or an undefined tensor (saved and given back as such): the backward needs it.
+    const at::Tensor mask = key_padding_mask.has_value() ? *key_padding_mask : at::Tensor();
+    context->save_for_backward({q, k, v, o, log_sum_exp, mask});
     context->saved_data["step"] = step;
     context->saved_data["scale"] = scale.has_value() ? c10::IValue(*scale) : c10::IValue();
-    context->saved_data["masked"] = key_padding_mask.has_value() && key_padding_mask->defined();
     context->saved_data["causal"] = causal ? c10::IValue(*causal) : c10::IValue();
     context->mark_non_differentiable({log_sum_exp});
     return {o, log_sum_exp};
@@ -363,13 +415,14 @@ class AttentionFunction : public torch::autograd::Function<AttentionFunction> {
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* context,
                                                  const torch::autograd::variable_list& grads) {
     const auto saved = context->get_saved_variables();
-    const at::Tensor &q = saved[0], &k = saved[1], &v = saved[2], &o = saved[3], &lse = saved[4];
+    const at::Tensor &q = saved[0], &k = saved[1], &v = saved[2], &o = saved[3], &lse = saved[4],
+                     &mask = saved[5];
     const std::string step = context->saved_data["step"].toStringRef();
     const c10::IValue& causal = context->saved_data["causal"];
     // torch.use_deterministic_algorithms(True) asks for the same bits on every run.
     const bool deterministic = at::globalContext().deterministicAlgorithms();
     const std::string backward = backward_step_for(
-        q, k, context->saved_data["masked"].toBool(),
+        q, k, mask.defined(),
         causal.isNone() ? ATTN_CAUSAL_NONE : causal_of(c10::string_view(causal.toStringRef())),
         deterministic);
     TORCH_CHECK_NOT_IMPLEMENTED(lse.numel() > 0, "attention_steps: the forward (", step,
@@ -383,7 +436,8 @@ class AttentionFunction : public torch::autograd::Function<AttentionFunction> {
                                 scale.isNone() ? std::nullopt : std::optional<double>(scale.toDouble()),
                                 deterministic,
                                 causal.isNone() ? std::nullopt
-                                                : std::optional<c10::string_view>(causal.toStringRef()));
+                                                : std::optional<c10::string_view>(causal.toStringRef()),
+                                mask.defined() ? std::optional<at::Tensor>(mask) : std::nullopt);
     return {dq, dk, dv, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
@@ -408,7 +462,7 @@ TORCH_LIBRARY(attention_steps, m) {
         "(Tensor, Tensor)");
   m.def("attention_backward(Tensor d_o, Tensor q, Tensor k, Tensor v, Tensor o, "
         "Tensor log_sum_exp, str step, float? scale=None, bool deterministic=False, "
-        "str? causal=None) -> (Tensor, Tensor, Tensor)");
+        "str? causal=None, Tensor? key_padding_mask=None) -> (Tensor, Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(attention_steps, CUDA, m) {
@@ -424,7 +478,14 @@ TORCH_LIBRARY_IMPL(attention_steps, Autograd, m) { m.impl("attention", &attentio
 
 // A Python module with nothing in it: importing attention_steps._operator loads this library,
 // whose static initialisers above register the operator.
+// It refuses to import (ImportError, with the line of abi_mismatch) when the library it loaded
+// speaks another C ABI version than the header it was compiled with.
 extern "C" PyObject* PyInit__operator(void) {
+  const std::string mismatch = abi_mismatch();
+  if (!mismatch.empty()) {
+    PyErr_SetString(PyExc_ImportError, mismatch.c_str());
+    return nullptr;
+  }
   static PyModuleDef module = {PyModuleDef_HEAD_INIT, "_operator", nullptr, -1, nullptr,
                                nullptr, nullptr, nullptr, nullptr};
   return PyModule_Create(&module);
