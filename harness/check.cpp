@@ -24,12 +24,21 @@ std::vector<int64_t> slices_to_check(const Shape& shape, CheckMode mode, uint64_
 
 namespace {
 
-std::string location(const Shape& shape, int64_t index) {
-  const int64_t slice_size = shape.tokens * shape.head_dim;
-  const int64_t within = index % slice_size;
-  return "slice " + std::to_string(index / slice_size) + ", row " +
-         std::to_string(within / shape.head_dim) + ", column " +
-         std::to_string(within % shape.head_dim);
+// The slices of a [B, H, rows, D] tensor as a failure names their elements: O, dQ (N rows, each
+// a query's: "row") or dK and dV (N_k rows, each a key's: "key").
+struct SliceRows {
+  int64_t rows, head_dim;
+  const char* row_name;
+  int64_t size() const { return rows * head_dim; }
+};
+SliceRows query_rows(const Shape& shape) { return {shape.tokens, shape.head_dim, "row"}; }
+SliceRows key_rows(const Shape& shape) { return {shape.keys(), shape.head_dim, "key"}; }
+
+std::string location(const SliceRows& layout, int64_t index) {
+  const int64_t within = index % layout.size();
+  return "slice " + std::to_string(index / layout.size()) + ", " + layout.row_name + " " +
+         std::to_string(within / layout.head_dim) + ", column " +
+         std::to_string(within % layout.head_dim);
 }
 
 // Every element against the GPU reference, with the tolerances of the fp64 part.
@@ -62,9 +71,9 @@ void compare_all_slices(const HostTensors& inputs, const std::vector<__half>& ou
   result.nonfinite = std::max(result.nonfinite, nonfinite);
   if (!passed && result.passed) {  // the fp64 part passed: say where this part failed
     result.worst = nonfinite > 0
-                       ? "first non-finite output at " + location(inputs.shape, first_nonfinite)
+                       ? "first non-finite output at " + location(query_rows(inputs.shape), first_nonfinite)
                        : "largest error against the GPU reference at " +
-                             location(inputs.shape, worst_index) + ": got " +
+                             location(query_rows(inputs.shape), worst_index) + ": got " +
                              std::to_string(__half2float(output[worst_index])) + ", want " +
                              std::to_string(all_slices[worst_index]) + " (relative error " +
                              std::to_string(result.all_relative_error) + " over all slices)";
@@ -164,8 +173,8 @@ void compare_log_sum_exp(const Shape& shape, const Reference& reference,
 
 namespace {
 
-// One gradient against its reference values and their error bounds over some slices:
-// want(position in `slices`, index within the slice) gives {value, bound}.
+// One gradient, whose slices are `layout`, against its reference values and their error bounds
+// over some slices: want(position in `slices`, index within the slice) gives {value, bound}.
 struct GradientError {
   double relative = 0;      // ||error||_F / ||reference||_F, for the report
   double worst_ratio = 0;   // the largest error over its element's bound
@@ -177,9 +186,9 @@ struct Wanted {
   double value, bound;
 };
 template <typename Want>
-GradientError gradient_error(const Shape& shape, const std::vector<int64_t>& slices,
+GradientError gradient_error(const SliceRows& layout, const std::vector<int64_t>& slices,
                              const std::vector<__half>& got, Want&& want) {
-  const int64_t slice_size = shape.tokens * shape.head_dim;
+  const int64_t slice_size = layout.size();
   GradientError result;
   double error_sq = 0, reference_sq = 0;
   for (std::size_t s = 0; s < slices.size(); ++s) {
@@ -188,7 +197,7 @@ GradientError gradient_error(const Shape& shape, const std::vector<int64_t>& sli
       const Wanted wanted = want(s, i);
       const double value = double(__half2float(got[std::size_t(slice * slice_size + i)]));
       if (!std::isfinite(value)) {
-        if (result.nonfinite++ == 0) result.first_nonfinite = location(shape, slice * slice_size + i);
+        if (result.nonfinite++ == 0) result.first_nonfinite = location(layout, slice * slice_size + i);
         continue;
       }
       const double error = std::fabs(value - wanted.value);
@@ -199,7 +208,7 @@ GradientError gradient_error(const Shape& shape, const std::vector<int64_t>& sli
         result.worst_ratio = ratio;
         result.worst_error = error;
         result.worst_bound = wanted.bound;
-        result.where = location(shape, slice * slice_size + i) + ": got " + std::to_string(value) +
+        result.where = location(layout, slice * slice_size + i) + ": got " + std::to_string(value) +
                        ", want " + std::to_string(wanted.value) + ", bound " + std::to_string(wanted.bound);
       }
     }
@@ -254,9 +263,11 @@ CheckResult compare_gradients(const Shape& shape, const BackwardReference& refer
   const Member bounds[] = {&SliceGradients::dq_bound, &SliceGradients::dk_bound,
                            &SliceGradients::dv_bound};
   const std::vector<__half>* gotten[] = {&dq, &dk, &dv};
+  const SliceRows layouts[] = {query_rows(shape), key_rows(shape), key_rows(shape)};
   GradientError errors[3];
   for (int which = 0; which < 3; ++which) {
-    errors[which] = gradient_error(shape, reference.slices, *gotten[which], [&](std::size_t s, int64_t i) {
+    errors[which] = gradient_error(layouts[which], reference.slices, *gotten[which],
+                                   [&](std::size_t s, int64_t i) {
       const SliceGradients& slice = reference.gradients[s];
       return Wanted{(slice.*values[which])[std::size_t(i)], (slice.*bounds[which])[std::size_t(i)]};
     });
@@ -277,14 +288,14 @@ CheckResult compare_gradients(const Shape& shape, const BackwardReference& refer
   result.worst = verdict.worst;
   if (all.dq.empty()) return result;
 
-  const int64_t slice_size = shape.tokens * shape.head_dim;
   std::vector<int64_t> every_slice(std::size_t(shape.slices()));
   for (int64_t s = 0; s < shape.slices(); ++s) every_slice[std::size_t(s)] = s;
   const std::vector<float>* all_values[] = {&all.dq, &all.dk, &all.dv};
   const std::vector<float>* all_bounds[] = {&all.dq_bound, &all.dk_bound, &all.dv_bound};
   for (int which = 0; which < 3; ++which) {
-    errors[which] = gradient_error(shape, every_slice, *gotten[which], [&](std::size_t s, int64_t i) {
-      const std::size_t at = std::size_t(int64_t(s) * slice_size + i);
+    errors[which] = gradient_error(layouts[which], every_slice, *gotten[which],
+                                   [&](std::size_t s, int64_t i) {
+      const std::size_t at = std::size_t(int64_t(s) * layouts[which].size() + i);
       return Wanted{double((*all_values[which])[at]), double((*all_bounds[which])[at])};
     });
   }

@@ -97,14 +97,16 @@ void compare_log_sum_exp(const Shape& shape, const Reference& reference,
 // own size can serve: where the softmax saturates (large scores, few keys), dQ and dK are small
 // differences of rounded terms, and a correct kernel's relative error reaches thousands of u
 // there. The bound adds worst cases to first order; the factor 2 leaves room for the terms of
-// second order. The result holds the worst element (`worst` names it); relative_error is the
-// largest relative Frobenius error of the three, reported, not judged.
-// `all`: the GPU backward reference's gradients and bounds of every slice (gpu_reference.hpp),
-// checked the same way into the all_* fields; empty vectors: not run.
+// second order. The result holds the worst element (`worst` names it: slice, row and column of
+// dQ, slice, key and column of dK or dV); relative_error is the largest relative Frobenius error
+// of the three, reported, not judged. dq is [B, H, N, D], dk and dv [B, H, N_k, D]
+// (Shape::keys()). `all`: the GPU backward reference's gradients and bounds of every slice
+// (gpu_reference.hpp), checked the same way into the all_* fields; empty vectors: not run.
 constexpr double kGradientBoundFactor = 2.0;
 struct AllSliceGradients {
-  std::vector<float> dq, dk, dv;                    // [B, H, N, D] each
-  std::vector<float> dq_bound, dk_bound, dv_bound;  // the same, each element's error bound
+  std::vector<float> dq;                            // [B, H, N, D]
+  std::vector<float> dk, dv;                        // [B, H, N_k, D] each
+  std::vector<float> dq_bound, dk_bound, dv_bound;  // as dq, dk, dv: each element's error bound
 };
 CheckResult compare_gradients(const Shape& shape, const BackwardReference& reference,
                               const std::vector<__half>& dq, const std::vector<__half>& dk,

@@ -6,6 +6,7 @@
 #include <map>
 #include <stdexcept>
 #include <string>
+#include <tuple>
 
 #include "cuda_check.hpp"
 #include "device_buffer.hpp"
@@ -113,16 +114,19 @@ void ensure_fits(const StepInfo& step, const Shape& shape, bool check_all_slices
 std::size_t device_bytes_needed(const StepInfo& step, const Shape& shape, int buffer_sets,
                                 bool check_all_slices) {
   const std::size_t rows = std::size_t(shape.slices() * shape.tokens);
-  if (is_backward(step.kind)) {  // Q, K, V, O, dO, dQ, dK, dV, L; one set; the GPU reference's
-                                 // gradients and bounds
-    return 8 * std::size_t(shape.elements()) * sizeof(__half) + rows * sizeof(float) +
-           step.workspace_for(shape) +
-           (check_all_slices ? 6 * std::size_t(shape.elements()) * sizeof(float) +
+  const std::size_t padding_bytes = shape.key_padding ? std::size_t(shape.batch * shape.keys()) : 0;
+  if (is_backward(step.kind)) {  // one set: Q, O, dO, dQ of N rows a slice, K, V, dK, dV of N_k,
+                                 // L, the mask; the GPU reference's gradients and bounds
+    const std::size_t query_elements = std::size_t(shape.elements()),
+                      key_elements = std::size_t(shape.kv_elements());
+    return 4 * (query_elements + key_elements) * sizeof(__half) + rows * sizeof(float) +
+           padding_bytes + step.workspace_for(shape) +
+           (check_all_slices ? 2 * (query_elements + 2 * key_elements) * sizeof(float) +
                                    gpu_backward_reference_scratch_bytes(shape)
                              : 0);
   }
   return std::size_t(buffer_sets) * std::size_t(shape.min_bytes()) +  // Q, K, V, O per set
-         step.workspace_for(shape) +
+         padding_bytes + step.workspace_for(shape) +
          (step.writes_log_sum_exp ? rows * sizeof(float) : 0) +  // the checked run's L
          (check_all_slices ? (std::size_t(shape.elements()) + rows) * sizeof(float) : 0);
 }
@@ -189,10 +193,11 @@ BackwardRunResult run_backward_step(const StepInfo& step, const HostTensors& inp
   }
   const bool check_all_slices = reference != nullptr && config.check_all_slices;
   ensure_fits(step, shape, check_all_slices);
-  const std::size_t count = std::size_t(shape.elements());
+  // Q, O, dO and dQ have N rows a slice, K, V, dK and dV N_k (Shape::keys()).
+  const std::size_t count = std::size_t(shape.elements()), kv_count = std::size_t(shape.kv_elements());
   const std::size_t rows = std::size_t(shape.slices() * shape.tokens);
-  DeviceBuffer<__half> q(count), k(count), v(count), o(count), d_o_buffer(count), dq(count),
-      dk(count), dv(count);
+  DeviceBuffer<__half> q(count), k(kv_count), v(kv_count), o(count), d_o_buffer(count), dq(count),
+      dk(kv_count), dv(kv_count);
   DeviceBuffer<float> log_sum_exp(rows);
   DeviceBuffer<char> forward_workspace(forward->workspace_for(shape)),
       workspace(step.workspace_for(shape));
@@ -201,6 +206,13 @@ BackwardRunResult run_backward_step(const StepInfo& step, const HostTensors& inp
                                      {d_o_buffer.data(), &d_o}}) {
     upload(device, *host, shape.dtype);
   }
+  // The key-padding mask (B * N_k bytes), which the forward and the backward both honour.
+  DeviceBuffer<uint8_t> key_padding_mask(inputs.key_padding_mask.size());
+  if (!inputs.key_padding_mask.empty()) {
+    CUDA_CHECK(cudaMemcpy(key_padding_mask.data(), inputs.key_padding_mask.data(),
+                          key_padding_mask.bytes(), cudaMemcpyHostToDevice));
+  }
+  const uint8_t* padding = inputs.key_padding_mask.empty() ? nullptr : key_padding_mask.data();
   CUDA_CHECK(cudaStreamSynchronize(cudaStreamLegacy));  // as in run_step
   const Stream owned_stream;
   const cudaStream_t stream = owned_stream.get();
@@ -208,16 +220,20 @@ BackwardRunResult run_backward_step(const StepInfo& step, const HostTensors& inp
   AttentionArgs forward_args = attention_args(shape, q.data(), k.data(), v.data(), o.data(),
                                               forward_workspace.data(), stream);
   forward_args.log_sum_exp = log_sum_exp.data();
+  forward_args.key_padding_mask = padding;
   if (forward->pipeline_report != nullptr) forward->pipeline_report();  // a clean record
   forward->launch(forward_args);
   CUDA_CHECK_LAUNCH();
-  const BackwardArgs args = backward_args(
+  BackwardArgs args = backward_args(
       shape,
       {q.data(), k.data(), v.data(), o.data(), d_o_buffer.data(), log_sum_exp.data(), dq.data(),
        dk.data(), dv.data()},
       workspace.data(), stream, config.deterministic, forward_args.scale);
-  for (__half* gradient : {dq.data(), dk.data(), dv.data()}) {  // NaN: an unwritten element fails
-    CUDA_CHECK(cudaMemsetAsync(gradient, 0xFF, count * sizeof(__half), stream));
+  args.key_padding_mask = padding;
+  // NaN: an unwritten element fails (a padded key's dK and dV too: they must be written as 0).
+  for (const auto& [gradient, elements] : {std::pair<__half*, std::size_t>{dq.data(), count},
+                                           {dk.data(), kv_count}, {dv.data(), kv_count}}) {
+    CUDA_CHECK(cudaMemsetAsync(gradient, 0xFF, elements * sizeof(__half), stream));
   }
   // The workspace too (NaN floats, -1 counters), as one the caller used before would be: a step
   // that counts on fresh memory being zero (cudaMalloc's often is) fails here.
@@ -230,25 +246,29 @@ BackwardRunResult run_backward_step(const StepInfo& step, const HostTensors& inp
     log_sum_exp.abandon();
     forward_workspace.abandon();
     workspace.abandon();
+    key_padding_mask.abandon();
   };
   synchronize_or_remember(stream, 2 * checked_run_limit_seconds(shape), abandon_buffers);
 
   BackwardRunResult result;
   if (reference != nullptr) {
-    for (auto [host, device] : {std::pair<std::vector<__half>*, const __half*>{&result.dq, dq.data()},
-                                {&result.dk, dk.data()}, {&result.dv, dv.data()}}) {
-      download(*host, device, count, shape.dtype);
+    for (const auto& [host, device, elements] :
+         {std::tuple<std::vector<__half>*, const __half*, std::size_t>{&result.dq, dq.data(), count},
+          {&result.dk, dk.data(), kv_count}, {&result.dv, dv.data(), kv_count}}) {
+      download(*host, device, elements, shape.dtype);
     }
     AllSliceGradients all;
     if (check_all_slices) {  // every element, against the GPU reference and its bounds
-      DeviceBuffer<float> all_gradients[6] = {DeviceBuffer<float>(count), DeviceBuffer<float>(count),
-                                              DeviceBuffer<float>(count), DeviceBuffer<float>(count),
-                                              DeviceBuffer<float>(count), DeviceBuffer<float>(count)};
+      // dQ, dK, dV, then their bounds: each as many elements as the gradient it goes with.
+      const std::size_t sizes[6] = {count, kv_count, kv_count, count, kv_count, kv_count};
+      DeviceBuffer<float> all_gradients[6] = {
+          DeviceBuffer<float>(sizes[0]), DeviceBuffer<float>(sizes[1]), DeviceBuffer<float>(sizes[2]),
+          DeviceBuffer<float>(sizes[3]), DeviceBuffer<float>(sizes[4]), DeviceBuffer<float>(sizes[5])};
       DeviceBuffer<double> row_stats(gpu_backward_reference_scratch_bytes(shape) / sizeof(double));
       GpuGradients out;
       float** outputs[6] = {&out.dq, &out.dk, &out.dv, &out.dq_bound, &out.dk_bound, &out.dv_bound};
       for (int i = 0; i < 6; ++i) *outputs[i] = all_gradients[i].data();
-      launch_gpu_backward_reference(q.data(), k.data(), v.data(), d_o_buffer.data(), out,
+      launch_gpu_backward_reference(q.data(), k.data(), v.data(), d_o_buffer.data(), padding, out,
                                     row_stats.data(), shape, args.scale, stream);
       synchronize_or_remember(stream, 2 * checked_run_limit_seconds(shape), [&] {
         abandon_buffers();
@@ -257,8 +277,8 @@ BackwardRunResult run_backward_step(const StepInfo& step, const HostTensors& inp
       });
       std::vector<float>* hosts[6] = {&all.dq, &all.dk, &all.dv, &all.dq_bound, &all.dk_bound, &all.dv_bound};
       for (int i = 0; i < 6; ++i) {
-        hosts[i]->resize(count);
-        CUDA_CHECK(cudaMemcpy(hosts[i]->data(), all_gradients[i].data(), count * sizeof(float),
+        hosts[i]->resize(sizes[i]);
+        CUDA_CHECK(cudaMemcpy(hosts[i]->data(), all_gradients[i].data(), sizes[i] * sizeof(float),
                               cudaMemcpyDeviceToHost));
       }
     }

@@ -60,11 +60,13 @@ void exit_if_gpu_hung(int status);
 // A backward step (StepKind::backward): its forward step (StepInfo::forward_step, which the
 // program must link) writes O and L from the inputs, then the checked run of the backward on dQ,
 // dK and dV poisoned with NaN, checked against `reference` (nullptr: no check), then the timed
-// runs of the backward alone, on the same O and L.
+// runs of the backward alone, on the same O and L. Both passes get the inputs' key-padding mask.
 struct BackwardRunResult {
   TimingStats timing;
   CheckResult check;
-  std::vector<__half> dq, dk, dv;  // the checked run's gradients (when there is a reference)
+  // The checked run's gradients (when there is a reference): dQ [B, H, N, D], dK and dV
+  // [B, H, N_k, D].
+  std::vector<__half> dq, dk, dv;
 };
 BackwardRunResult run_backward_step(const StepInfo& step, const HostTensors& inputs,
                                     const std::vector<__half>& d_o,

@@ -38,13 +38,17 @@ void launch_gpu_reference(const __half* q, const __half* k, const __half* v,
 
 constexpr int kGpuReferenceMaxHeadDim = 256;
 
-// The backward's GPU reference, in the same way: dQ, dK and dV for every slice from device Q, K,
-// V and dO of shape.dtype, all arithmetic in fp64 (backward_reference.hpp has the maths), and
-// beside each gradient the bound on a correct kernel's error in it that the CPU reference gives
-// (SliceGradients). `row_stats` is device scratch of gpu_backward_reference_scratch_bytes(shape).
-// Any N >= 1, D <= 256, with or without shape.causal. Two kernels: one warp per query row (its L, D, their bounds and dQ),
-// then one warp per key (dK and dV).
-struct GpuGradients {  // device, [B, H, N, D] fp32 each
+// The backward's GPU reference, in the same way: dQ, dK and dV for every slice from device Q, dO
+// ([B, H, N, D]), K and V ([B, H, N_k, D]) of shape.dtype, all arithmetic in fp64
+// (backward_reference.hpp has the maths), and beside each gradient the bound on a correct
+// kernel's error in it that the CPU reference gives (SliceGradients). `key_padding_mask` (device,
+// [B, N_k] bytes, 1: padding; or nullptr) and shape.causal (either alignment) mask keys as in
+// the forward: a masked pair has P = 0 and dS = 0, a row that sees no key has L = -inf and dQ = 0
+// and adds nothing, a key no row sees has dK = dV = 0 (never a NaN). `row_stats` is device
+// scratch of gpu_backward_reference_scratch_bytes(shape). Any N, N_k >= 1, D <= 256. Two
+// kernels: one warp per query row (its L, D, their bounds and dQ), then one warp per key (dK
+// and dV, over the N rows).
+struct GpuGradients {  // device fp32: dQ and its bound [B, H, N, D], the others [B, H, N_k, D]
   float* dq = nullptr;
   float* dk = nullptr;
   float* dv = nullptr;
@@ -53,8 +57,9 @@ struct GpuGradients {  // device, [B, H, N, D] fp32 each
   float* dv_bound = nullptr;
 };
 void launch_gpu_backward_reference(const __half* q, const __half* k, const __half* v,
-                                   const __half* d_o, const GpuGradients& out, double* row_stats,
-                                   const Shape& shape, double scale, cudaStream_t stream);
+                                   const __half* d_o, const uint8_t* key_padding_mask,
+                                   const GpuGradients& out, double* row_stats, const Shape& shape,
+                                   double scale, cudaStream_t stream);
 std::size_t gpu_backward_reference_scratch_bytes(const Shape& shape);
 
 }  // namespace attn

@@ -236,60 +236,82 @@ TEST_SUITE("check") {
 
   TEST_CASE("gradients: perfect ones pass; one off in a slice the sample skips fails every-slice") {
     // The fp64 backward reference of every slice plays the GPU reference (in fp32), the sample
-    // is slice 0 alone.
-    const Shape shape{2, 2, 33, 64};
-    const attn::HostTensors inputs = attn::make_inputs(shape, 5);
-    const std::vector<__half> d_o = attn::make_output_gradient(shape, 5);
-    const attn::BackwardReference every =
-        attn::compute_backward_reference(inputs, d_o, attn::slices_to_check(shape, CheckMode::full, 5));
-    const attn::BackwardReference sampled = attn::compute_backward_reference(inputs, d_o, {0});
-    const int64_t slice_size = shape.tokens * shape.head_dim;
-    std::vector<__half> gradients[3];
-    attn::AllSliceGradients all;
-    std::vector<float>* all_of[] = {&all.dq, &all.dk, &all.dv};
-    std::vector<float>* all_bounds[] = {&all.dq_bound, &all.dk_bound, &all.dv_bound};
-    const std::vector<double> attn::SliceGradients::*member[] = {
-        &attn::SliceGradients::dq, &attn::SliceGradients::dk, &attn::SliceGradients::dv};
-    const std::vector<double> attn::SliceGradients::*bound[] = {
-        &attn::SliceGradients::dq_bound, &attn::SliceGradients::dk_bound, &attn::SliceGradients::dv_bound};
-    for (int which = 0; which < 3; ++which) {
-      gradients[which].resize(std::size_t(shape.elements()));
-      all_of[which]->resize(std::size_t(shape.elements()));
-      all_bounds[which]->resize(std::size_t(shape.elements()));
-      for (std::size_t s = 0; s < every.slices.size(); ++s) {
-        for (int64_t i = 0; i < slice_size; ++i) {
-          const std::size_t at = std::size_t(every.slices[s] * slice_size + i);
-          const double value = (every.gradients[s].*member[which])[std::size_t(i)];
-          gradients[which][at] = __float2half(float(value));
-          (*all_of[which])[at] = float(value);
-          (*all_bounds[which])[at] = float((every.gradients[s].*bound[which])[std::size_t(i)]);
+    // is slice 0 alone. Self-attention, and cross-attention with a key-padding mask (dK and dV
+    // have N_k rows a slice, dQ N: each is read and named by its own rows).
+    Shape cross{2, 2, 33, 64, attn::DType::fp16, 50};
+    cross.key_padding = true;
+    for (const Shape& shape : {Shape{2, 2, 33, 64}, cross}) {
+      CAPTURE(shape.str());
+      const attn::HostTensors inputs = attn::make_inputs(shape, 5);
+      const std::vector<__half> d_o = attn::make_output_gradient(shape, 5);
+      const attn::BackwardReference every = attn::compute_backward_reference(
+          inputs, d_o, attn::slices_to_check(shape, CheckMode::full, 5));
+      const attn::BackwardReference sampled = attn::compute_backward_reference(inputs, d_o, {0});
+      const int64_t slice_sizes[] = {shape.tokens * shape.head_dim, shape.keys() * shape.head_dim,
+                                     shape.keys() * shape.head_dim};
+      std::vector<__half> gradients[3];
+      attn::AllSliceGradients all;
+      std::vector<float>* all_of[] = {&all.dq, &all.dk, &all.dv};
+      std::vector<float>* all_bounds[] = {&all.dq_bound, &all.dk_bound, &all.dv_bound};
+      const std::vector<double> attn::SliceGradients::*member[] = {
+          &attn::SliceGradients::dq, &attn::SliceGradients::dk, &attn::SliceGradients::dv};
+      const std::vector<double> attn::SliceGradients::*bound[] = {
+          &attn::SliceGradients::dq_bound, &attn::SliceGradients::dk_bound, &attn::SliceGradients::dv_bound};
+      for (int which = 0; which < 3; ++which) {
+        const int64_t slice_size = slice_sizes[which];
+        gradients[which].resize(std::size_t(shape.slices() * slice_size));
+        all_of[which]->resize(gradients[which].size());
+        all_bounds[which]->resize(gradients[which].size());
+        for (std::size_t s = 0; s < every.slices.size(); ++s) {
+          REQUIRE((every.gradients[s].*member[which]).size() == std::size_t(slice_size));
+          for (int64_t i = 0; i < slice_size; ++i) {
+            const std::size_t at = std::size_t(every.slices[s] * slice_size + i);
+            const double value = (every.gradients[s].*member[which])[std::size_t(i)];
+            gradients[which][at] = __float2half(float(value));
+            (*all_of[which])[at] = float(value);
+            (*all_bounds[which])[at] = float((every.gradients[s].*bound[which])[std::size_t(i)]);
+          }
         }
       }
+      const attn::CheckResult clean =
+          attn::compare_gradients(shape, sampled, gradients[0], gradients[1], gradients[2], all);
+      CHECK(clean.passed);
+      CHECK(clean.elementwise);
+      CHECK(clean.checked_slices == 1);
+      CHECK(clean.all_checked_slices == 4);
+      // Rounding to fp16 moves an element by at most u |x| + tau, which each bound holds.
+      CHECK(clean.worst_bound_ratio <= 1.0);
+      CHECK(clean.all_worst_bound_ratio <= 1.0);
+
+      // dK of slice 3 (not sampled), key 3 (batch 1 keeps it), column 2.
+      REQUIRE((!shape.key_padding || inputs.key_padding_mask[std::size_t(shape.keys() + 3)] == 0));
+      const int64_t index = (3 * shape.keys() + 3) * shape.head_dim + 2;
+      gradients[1][std::size_t(index)] = __float2half(__half2float(gradients[1][std::size_t(index)]) + 0.5f);
+      CHECK(attn::compare_gradients(shape, sampled, gradients[0], gradients[1], gradients[2]).passed);
+      const attn::CheckResult caught =
+          attn::compare_gradients(shape, sampled, gradients[0], gradients[1], gradients[2], all);
+      CHECK_FALSE(caught.passed);
+      CHECK(caught.worst.find("dK") != std::string::npos);
+      CHECK(caught.worst.find("slice 3, key 3, column 2") != std::string::npos);
+
+      gradients[1][std::size_t(index)] = __float2half(std::numeric_limits<float>::quiet_NaN());
+      const attn::CheckResult nan =
+          attn::compare_gradients(shape, sampled, gradients[0], gradients[1], gradients[2], all);
+      CHECK_FALSE(nan.passed);
+      CHECK(nan.nonfinite == 1);
+
+      // The last dQ element of the last slice: read at N rows a slice, named by its row.
+      const double dk_value = every.gradients[3].dk[std::size_t(3 * shape.head_dim + 2)];
+      gradients[1][std::size_t(index)] = __float2half(float(dk_value));
+      REQUIRE(attn::compare_gradients(shape, sampled, gradients[0], gradients[1], gradients[2], all).passed);
+      gradients[0].back() = __float2half(__half2float(gradients[0].back()) + 0.5f);
+      const attn::CheckResult last =
+          attn::compare_gradients(shape, sampled, gradients[0], gradients[1], gradients[2], all);
+      CHECK_FALSE(last.passed);
+      CHECK(last.worst.find("dQ") != std::string::npos);
+      CHECK(last.worst.find("slice 3, row " + std::to_string(shape.tokens - 1) + ", column " +
+                            std::to_string(shape.head_dim - 1)) != std::string::npos);
     }
-    const attn::CheckResult clean =
-        attn::compare_gradients(shape, sampled, gradients[0], gradients[1], gradients[2], all);
-    CHECK(clean.passed);
-    CHECK(clean.elementwise);
-    CHECK(clean.checked_slices == 1);
-    CHECK(clean.all_checked_slices == 4);
-    // Rounding to fp16 moves an element by at most u |x| + tau, which each bound holds.
-    CHECK(clean.worst_bound_ratio <= 1.0);
-    CHECK(clean.all_worst_bound_ratio <= 1.0);
-
-    const int64_t index = (3 * shape.tokens + 7) * shape.head_dim + 2;  // slice 3, not sampled
-    gradients[1][std::size_t(index)] = __float2half(__half2float(gradients[1][std::size_t(index)]) + 0.5f);
-    CHECK(attn::compare_gradients(shape, sampled, gradients[0], gradients[1], gradients[2]).passed);
-    const attn::CheckResult caught =
-        attn::compare_gradients(shape, sampled, gradients[0], gradients[1], gradients[2], all);
-    CHECK_FALSE(caught.passed);
-    CHECK(caught.worst.find("dK") != std::string::npos);
-    CHECK(caught.worst.find("slice 3, row 7, column 2") != std::string::npos);
-
-    gradients[1][std::size_t(index)] = __float2half(std::numeric_limits<float>::quiet_NaN());
-    const attn::CheckResult nan =
-        attn::compare_gradients(shape, sampled, gradients[0], gradients[1], gradients[2], all);
-    CHECK_FALSE(nan.passed);
-    CHECK(nan.nonfinite == 1);
   }
 
   TEST_CASE("gradients: simulated correct kernels pass at large scores and few keys; no D term fails") {
