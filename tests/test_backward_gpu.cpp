@@ -1,9 +1,11 @@
 // The GPU suite of a backward step (gpu_tests --step=v9): its forward step writes O and L, then
 // dQ, dK and dV are checked against the fp64 backward reference on every slice of the small
-// shapes and on sampled slices of the large ones, dQ, dK, dV poisoned with NaN first so that an
-// unwritten element fails. The shape matrix (tails, N = 1, several B and H, every head dim), the
-// ViT shapes, a long sequence, the stress case, the deterministic mode (checked, and the same
-// bits run to run), and refusals.
+// shapes and on sampled slices of the large ones, and against the GPU reference on every slice
+// of all, dQ, dK, dV poisoned with NaN first so that an unwritten element fails. The shape matrix
+// (tails, N = 1, several B and H, every head dim), the ViT shapes, a long sequence, the stress
+// case, the deterministic mode (checked, and the same bits run to run), the causal mask,
+// cross-attention (N_k != N) and the key-padding mask where the step takes them (the gradients
+// the masks make 0 checked to be exactly 0), and refusals.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -19,22 +21,30 @@ namespace {
 using attn::CheckMode;
 using attn::Shape;
 
-// qk_scale multiplies Q and K (inputs.hpp); 0: the key-mask probe's inputs, every score far
-// below 0, so every row's L is too.
-constexpr double kMaskProbe = 0.0;
-attn::BackwardRunResult run_backward(const Shape& shape, CheckMode mode, double qk_scale = 1.0,
-                                     bool deterministic = false, uint64_t seed = 19) {
-  const attn::StepInfo& step = step_under_test();
-  const attn::HostTensors inputs = qk_scale == kMaskProbe
-                                       ? attn::make_key_mask_probe_inputs(shape, seed)
-                                       : attn::make_inputs(shape, seed, qk_scale);
+// The step under test on `inputs` (their key-padding mask too) and a dO drawn from `seed`: the
+// fp64 reference checks the slices `mode` picks, the GPU reference every slice.
+attn::BackwardRunResult run_backward_on(const attn::HostTensors& inputs, CheckMode mode,
+                                        bool deterministic = false, uint64_t seed = 19) {
+  const Shape& shape = inputs.shape;
   const std::vector<__half> d_o = attn::make_output_gradient(shape, seed);
   const attn::BackwardReference reference =
       attn::compute_backward_reference(inputs, d_o, attn::slices_to_check(shape, mode, seed));
   attn::RunConfig config;
   config.time = false;
   config.deterministic = deterministic;
-  return attn::run_backward_step(step, inputs, d_o, &reference, config);
+  return attn::run_backward_step(step_under_test(), inputs, d_o, &reference, config);
+}
+
+// qk_scale multiplies Q and K (inputs.hpp); 0: the key-mask probe's inputs, every score far
+// below 0, so every row's L is too.
+constexpr double kMaskProbe = 0.0;
+attn::HostTensors test_inputs(const Shape& shape, double qk_scale = 1.0, uint64_t seed = 19) {
+  return qk_scale == kMaskProbe ? attn::make_key_mask_probe_inputs(shape, seed)
+                                : attn::make_inputs(shape, seed, qk_scale);
+}
+attn::BackwardRunResult run_backward(const Shape& shape, CheckMode mode, double qk_scale = 1.0,
+                                     bool deterministic = false, uint64_t seed = 19) {
+  return run_backward_on(test_inputs(shape, qk_scale, seed), mode, deterministic, seed);
 }
 
 attn::CheckResult check_backward(const Shape& shape, CheckMode mode, double qk_scale = 1.0) {
@@ -58,6 +68,88 @@ void require_pass(const attn::CheckResult& result) {
 }
 
 bool serves(const Shape& shape) { return !step_under_test().refuses(shape, device_under_test()); }
+
+// Whether the step takes everything `shape` asks for (its dtype, N_k != N, the key-padding
+// mask, a causal mask). A case that mixes features runs a shape only where this holds, and then
+// the step must serve it.
+bool takes(const Shape& shape) {
+  const attn::StepInfo& step = step_under_test();
+  return std::find(step.dtypes.begin(), step.dtypes.end(), shape.dtype) != step.dtypes.end() &&
+         (!shape.cross() || step.takes_kv_tokens) &&
+         (!shape.key_padding || step.takes_key_padding_mask) &&
+         (shape.causal == attn::Causal::none || step.takes_causal);
+}
+
+// A case for a feature the step does not take: its refusal of `shape` names `flag` (the check),
+// and the case says that it ran no gradients, so that nothing unrun reads as a pass.
+void expect_refusal(const Shape& shape, const std::string& flag) {
+  const auto reason = step_under_test().refuses(shape);
+  REQUIRE(reason.has_value());
+  CHECK(reason->find(flag) != std::string::npos);
+  MESSAGE("skipped: " << *reason << "; no gradient of this case was run, the refusal was checked");
+}
+
+// The gradients the masks make exactly 0 (backward_reference.hpp): dQ of a query row that sees
+// no key, dK and dV of a key that no row sees (padding, or past every row's causal diagonal).
+// `elements` counts them, `nonzero` those of the step that are not 0 (a NaN among them).
+struct MaskedGradients {
+  int64_t elements = 0, nonzero = 0;
+};
+MaskedGradients masked_gradients(const attn::HostTensors& inputs,
+                                 const attn::BackwardRunResult& run) {
+  const Shape& shape = inputs.shape;
+  const int64_t tokens = shape.tokens, keys = shape.keys(), head_dim = shape.head_dim;
+  MaskedGradients masked;
+  auto expect_zero_row = [&](const std::vector<__half>& gradient, int64_t row_index) {
+    masked.elements += head_dim;
+    for (int64_t c = 0; c < head_dim; ++c) {
+      if (!(__half2float(gradient[std::size_t(row_index * head_dim + c)]) == 0.0f)) ++masked.nonzero;
+    }
+  };
+  for (int64_t b = 0; b < shape.batch; ++b) {
+    // Which rows see some key and which keys some row sees: the same for every head of b.
+    std::vector<bool> row_sees_a_key(std::size_t(tokens), false), key_is_seen(std::size_t(keys), false);
+    for (int64_t i = 0; i < tokens; ++i) {
+      for (int64_t j = 0; j < keys; ++j) {
+        const bool padded = shape.key_padding && inputs.key_padding_mask[std::size_t(b * keys + j)] != 0;
+        if (!padded && shape.sees(i, j)) row_sees_a_key[std::size_t(i)] = key_is_seen[std::size_t(j)] = true;
+      }
+    }
+    for (int64_t h = 0; h < shape.heads; ++h) {
+      const int64_t slice = b * shape.heads + h;
+      for (int64_t i = 0; i < tokens; ++i) {
+        if (!row_sees_a_key[std::size_t(i)]) expect_zero_row(run.dq, slice * tokens + i);
+      }
+      for (int64_t j = 0; j < keys; ++j) {
+        if (key_is_seen[std::size_t(j)]) continue;
+        expect_zero_row(run.dk, slice * keys + j);
+        expect_zero_row(run.dv, slice * keys + j);
+      }
+    }
+  }
+  return masked;
+}
+
+// A run on `inputs` that passes, its masked gradients exactly 0; returns how many there were.
+int64_t require_pass_and_masked_zero(const attn::HostTensors& inputs,
+                                     const attn::BackwardRunResult& run) {
+  require_pass(run.check);
+  const MaskedGradients masked = masked_gradients(inputs, run);
+  INFO(masked.nonzero << " of the " << masked.elements
+                      << " gradient elements the masks make 0 are not 0");
+  CHECK(masked.nonzero == 0);
+  return masked.elements;
+}
+
+// The step on `shape`'s inputs (test_inputs), every slice checked; it must pass with the masked
+// gradients exactly 0. Returns how many masked gradient elements there were.
+int64_t check_masked(const Shape& shape, double qk_scale = 1.0) {
+  CAPTURE(shape.str());
+  CAPTURE(qk_scale);
+  REQUIRE(serves(shape));
+  const attn::HostTensors inputs = test_inputs(shape, qk_scale);
+  return require_pass_and_masked_zero(inputs, run_backward_on(inputs, CheckMode::full));
+}
 
 }  // namespace
 
@@ -213,6 +305,205 @@ TEST_SUITE("backward") {
         vit.causal = attn::Causal::top_left;
         CAPTURE(vit.str());
         require_pass(check_backward(vit, CheckMode::sample));
+      }
+    }
+  }
+
+  TEST_CASE("cross-attention, where the step takes it: N_q and N_k apart, the tails of each, fp16 and bf16") {
+    const attn::StepInfo& step = step_under_test();
+    if (!step.takes_kv_tokens) {
+      expect_refusal(Shape{1, 1, 64, 64, attn::DType::fp16, 65}, "--kv-tokens 65");
+      return;
+    }
+    // N_k below and above N: tails of N_q with a whole K/V tile and of N_k with a whole Q tile,
+    // both at once, and DETR's decoder (100 object queries over 1050 image positions).
+    const std::pair<int64_t, int64_t> sizes[] = {{1, 65},   {65, 1},   {64, 130}, {130, 64},
+                                                 {17, 197}, {197, 17}, {100, 1050}};
+    for (attn::DType dtype : step.dtypes) {
+      for (int head_dim : step.head_dims) {
+        for (const auto& [tokens, kv_tokens] : sizes) {
+          check_masked(Shape{2, 3, tokens, head_dim, dtype, kv_tokens});
+        }
+        // The step's own tiles: N at each Q tile's tails over 77 keys, N_k at each key tile's
+        // tails under 77 queries, those also with large scores and the key-mask probe (a key
+        // past N_k given weight makes P = exp(-L) overflow, or shows in dQ).
+        const attn::TileSizes tiles = step.tiles(head_dim);
+        for (int64_t tokens : sizes_around(tiles.rows)) {
+          check_masked(Shape{1, 2, tokens, head_dim, dtype, 77});
+        }
+        for (int64_t kv_tokens : sizes_around(tiles.keys)) {
+          for (double qk_scale : {1.0, attn::kLargeScoreScale, kMaskProbe}) {
+            check_masked(Shape{1, 2, 77, head_dim, dtype, kv_tokens}, qk_scale);
+          }
+        }
+      }
+    }
+  }
+
+  TEST_CASE("key-padding mask, where the step takes it: padded keys get dK = dV = 0, alone and with causal") {
+    const attn::StepInfo& step = step_under_test();
+    if (!step.takes_key_padding_mask) {
+      Shape padded{1, 1, 64, 64};
+      padded.key_padding = true;
+      expect_refusal(padded, "--key-padding");
+      return;
+    }
+    // inputs.cpp's mask: each batch element keeps a different rectangle of a sqrt(N_k)-wide
+    // grid, so its padded keys fall inside tiles and at their ends. Self-attention (at small N
+    // and at the key tiles' tails) and cross-attention (where the step takes it), N_k below and
+    // above N.
+    const std::pair<int64_t, int64_t> sizes[] = {{1, 1},     {17, 17}, {65, 65},  {130, 130},
+                                                 {197, 197}, {65, 130}, {130, 65}, {100, 1050}};
+    const std::pair<int64_t, int64_t> causal_sizes[] = {{197, 197}, {130, 300}, {300, 130}};
+    for (attn::DType dtype : step.dtypes) {
+      for (int head_dim : step.head_dims) {
+        auto padded_shape = [&](int64_t tokens, int64_t kv_tokens, attn::Causal causal) {
+          Shape shape{3, 2, tokens, head_dim, dtype, kv_tokens};
+          shape.key_padding = true;
+          shape.causal = causal;
+          return shape;
+        };
+        for (const auto& [tokens, kv_tokens] : sizes) {
+          const Shape shape = padded_shape(tokens, kv_tokens, attn::Causal::none);
+          if (takes(shape)) check_masked(shape);
+        }
+        for (int64_t tokens : sizes_around(step.tiles(head_dim).keys)) {
+          check_masked(padded_shape(tokens, tokens, attn::Causal::none));
+        }
+        // With the causal mask in both alignments: bottom right with N > N_k leaves rows with no
+        // key at all, with padding or without.
+        for (attn::Causal align : {attn::Causal::top_left, attn::Causal::bottom_right}) {
+          for (const auto& [tokens, kv_tokens] : causal_sizes) {
+            const Shape shape = padded_shape(tokens, kv_tokens, align);
+            if (takes(shape)) check_masked(shape);
+          }
+        }
+        // Large scores over the few keys left, and the key-mask probe.
+        for (double qk_scale : {attn::kLargeScoreScale, kMaskProbe}) {
+          for (const Shape& shape : {padded_shape(130, 130, attn::Causal::none),
+                                     padded_shape(65, 130, attn::Causal::none)}) {
+            if (takes(shape)) check_masked(shape, qk_scale);
+          }
+        }
+      }
+    }
+  }
+
+  TEST_CASE("causal mask with N_q != N_k, both alignments: rows that see no key get dQ = 0, keys no row sees dK = dV = 0") {
+    const attn::StepInfo& step = step_under_test();
+    if (!step.takes_causal || !step.takes_kv_tokens) {
+      Shape shape{1, 1, 130, 64, attn::DType::fp16, 64};
+      shape.causal = attn::Causal::bottom_right;
+      expect_refusal(shape, step.takes_causal ? "--kv-tokens" : "--causal");
+      return;
+    }
+    // Bottom right with N_q > N_k: the first N_q - N_k rows see no key (L = -inf: their dQ must be
+    // exactly 0, never NaN, and they add nothing to dK and dV). Top left with N_q < N_k: the keys
+    // past N_q are seen by no row (dK = dV = 0).
+    const std::pair<int64_t, int64_t> sizes[] = {{1, 65},   {65, 1},   {64, 130}, {130, 64},
+                                                 {17, 197}, {197, 17}, {300, 77}, {77, 300},
+                                                 {100, 1050}};
+    for (attn::DType dtype : step.dtypes) {
+      for (int head_dim : step.head_dims) {
+        auto causal_shape = [&](int64_t tokens, int64_t kv_tokens, attn::Causal align) {
+          Shape shape{2, 3, tokens, head_dim, dtype, kv_tokens};
+          shape.causal = align;
+          return shape;
+        };
+        for (attn::Causal align : {attn::Causal::top_left, attn::Causal::bottom_right}) {
+          for (const auto& [tokens, kv_tokens] : sizes) {
+            const int64_t masked = check_masked(causal_shape(tokens, kv_tokens, align));
+            const bool masks_some =
+                align == attn::Causal::bottom_right ? tokens > kv_tokens : tokens < kv_tokens;
+            CHECK((masked > 0) == masks_some);
+          }
+        }
+        // N_q at the step's Q tiles' tails over 77 keys, bottom right: the first row that sees a
+        // key (N_q - 77) falls at another offset of a Q tile each time. Then large scores over
+        // the few keys the top rows see.
+        for (int64_t tokens : sizes_around(step.tiles(head_dim).rows)) {
+          check_masked(causal_shape(tokens, 77, attn::Causal::bottom_right));
+        }
+        for (double qk_scale : {attn::kLargeScoreScale, kMaskProbe}) {
+          check_masked(causal_shape(130, 64, attn::Causal::bottom_right), qk_scale);
+        }
+      }
+    }
+  }
+
+  TEST_CASE("a batch element whose keys are all padding: its dQ, dK and dV are 0, never NaN") {
+    const attn::StepInfo& step = step_under_test();
+    if (!step.takes_key_padding_mask) {
+      Shape padded{1, 1, 64, 64};
+      padded.key_padding = true;
+      expect_refusal(padded, "--key-padding");
+      return;
+    }
+    for (attn::DType dtype : step.dtypes) {
+      for (int head_dim : step.head_dims) {
+        Shape cross_causal{2, 2, 130, head_dim, dtype, 197};
+        cross_causal.causal = attn::Causal::bottom_right;
+        for (Shape shape : {Shape{2, 2, 130, head_dim, dtype}, Shape{2, 2, 100, head_dim, dtype, 1050},
+                            Shape{2, 2, 130, head_dim, dtype, 65}, cross_causal}) {
+          shape.key_padding = true;
+          if (!takes(shape)) continue;
+          CAPTURE(shape.str());
+          REQUIRE(serves(shape));
+          attn::HostTensors inputs = attn::make_inputs(shape, 31);
+          std::fill(inputs.key_padding_mask.begin(), inputs.key_padding_mask.begin() + shape.keys(), 1);
+          for (bool deterministic : {false, true}) {
+            if (deterministic && !step.has_deterministic_mode) continue;
+            CAPTURE(deterministic);
+            const attn::BackwardRunResult run = run_backward_on(inputs, CheckMode::full, deterministic, 31);
+            require_pass_and_masked_zero(inputs, run);
+            // Batch element 0, every head: each of its rows sees no key and none of its keys is seen.
+            const int64_t query_elements = shape.heads * shape.tokens * shape.head_dim;
+            const int64_t key_elements = shape.heads * shape.keys() * shape.head_dim;
+            auto nonzero_in = [](const std::vector<__half>& gradient, int64_t count) {
+              return std::count_if(gradient.begin(), gradient.begin() + count,
+                                   [](__half value) { return !(__half2float(value) == 0.0f); });
+            };
+            const int64_t nonzero = nonzero_in(run.dq, query_elements) +
+                                    nonzero_in(run.dk, key_elements) + nonzero_in(run.dv, key_elements);
+            CHECK(nonzero == 0);
+          }
+        }
+      }
+    }
+  }
+
+  TEST_CASE("deterministic mode on cross-attention with the key-padding mask: checked, and the same bits run to run") {
+    const attn::StepInfo& step = step_under_test();
+    if (!step.takes_kv_tokens || !step.takes_key_padding_mask) {
+      Shape shape{1, 1, 64, 64, attn::DType::fp16, 65};
+      shape.key_padding = true;
+      expect_refusal(shape, step.takes_key_padding_mask ? "--kv-tokens" : "--key-padding");
+      return;
+    }
+    if (!step.has_deterministic_mode) {
+      MESSAGE("skipped: " << step.id << " has no deterministic mode; no gradient of this case was run");
+      return;
+    }
+    for (attn::DType dtype : step.dtypes) {
+      for (int head_dim : step.head_dims) {
+        // Bottom right at N_q = 197 over 65 keys: the first 132 rows see no key, whole Q tiles
+        // among them, whose dQ no key's turn writes.
+        Shape causal{3, 2, 197, head_dim, dtype, 65};
+        causal.causal = attn::Causal::bottom_right;
+        for (Shape shape : {Shape{3, 2, 100, head_dim, dtype, 1050}, Shape{3, 2, 130, head_dim, dtype, 65},
+                            causal}) {
+          shape.key_padding = true;
+          if (!takes(shape)) continue;
+          CAPTURE(shape.str());
+          REQUIRE(serves(shape));
+          const attn::HostTensors inputs = test_inputs(shape);
+          const attn::BackwardRunResult first = run_backward_on(inputs, CheckMode::full, true);
+          require_pass_and_masked_zero(inputs, first);
+          const attn::BackwardRunResult second = run_backward_on(inputs, CheckMode::full, true);
+          CHECK(same_bits(first.dq, second.dq));
+          CHECK(same_bits(first.dk, second.dk));
+          CHECK(same_bits(first.dv, second.dv));
+        }
       }
     }
   }
