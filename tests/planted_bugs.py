@@ -70,6 +70,7 @@ TILE_MULTIPLES_TEST = "tile multiples*"  # N = k x tile and k x tile +- 1 of the
 LARGE_SCORES_TEST = "large scores*"  # scores at std 16 over a few keys and at tile edges
 CAUSAL_TEST = "causal mask*"  # both alignments, tails, N_q != N_k (forward and backward suites)
 DETERMINISTIC_TEST = "deterministic mode*"  # tests/test_backward_gpu.cpp: tails, a ViT shape
+KEY_PADDING_TEST = "*padding*"  # tests/test_backward_gpu.cpp: every backward case with key padding
 BUGS = [
     # The arithmetic of the online softmax: the result check catches these.
     Bug("v6nomask", V6, "keys past N keep their scores", [("if (tile_keys < kBlockN) {", "if (false) {", 1)]),
@@ -132,13 +133,18 @@ BUGS = [
     # Keys past N in the backward's last K/V tile (zero K rows, score 0) keep P = exp(-L): where a
     # few keys all score far below 0, their dS overflows fp16 and dQ = dS K turns NaN.
     Bug("v9nokeymask", V9, "the dS of keys past N reaches dQ in the backward",
-        [("          if (key_inside[e / 2]) {\n            ds_tile", "          if (true) {\n            ds_tile", 1)],
+        [("          if (key_kept[e / 2]) {\n            ds_tile", "          if (true) {\n            ds_tile", 1)],
         target=LARGE_SCORES_TEST),
     Bug("v10nokeymask", V10, "the dS of keys past N reaches dQ in the backward",
         [(" & key_bits[pair % 2];", ";", 1),
          ("key_in_range[pair % 2] ? hopper::pack_pair<Element>(dp_acc[8 * s + 2 * pair], dp_acc[8 * s + 2 * pair + 1]) : 0u;",
           "hopper::pack_pair<Element>(dp_acc[8 * s + 2 * pair], dp_acc[8 * s + 2 * pair + 1]);", 1)],
         target=LARGE_SCORES_TEST),
+    # A padded key's dK and dV written as 0, but its dS let into dQ: the key-padding mask
+    # remembered for the block's own rows, forgotten for the rows of dQ they add to.
+    Bug("v9paddingunmasked", V9, "the dS of padded keys reaches dQ in the backward (their dK and dV still 0)",
+        [("          if (key_kept[e / 2]) {\n            ds_tile", "          if (key_inside[e / 2]) {\n            ds_tile", 1)],
+        target=KEY_PADDING_TEST),
     # bf16: the element type mixed up in one place, which the fp16 suite cannot see.
     Bug("v6bf16pashalf", V6, "P packed as fp16 pairs in the bf16 kernel (the wrong type for the MMA)",
         [("p_fragments[g][0] = pack_pair<Element>(", "p_fragments[g][0] = pack_pair<__half>(", 1)]),

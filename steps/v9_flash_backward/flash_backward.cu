@@ -19,11 +19,18 @@
 // FlashAttention-2 shares dQ); five products instead of two, each one's operand already in the
 // layout mma.sync wants (S^T's accumulators are P^T's A fragment for dV, as in v6); and dS, the
 // one operand needed transposed, goes through shared memory.
-// Serves head dims 64 and 128 on sm_80 and newer, in fp16 or bf16 (every kernel is a template on
-// the element type, as step 6's is).
+// Serves, on sm_80 and newer: fp16 and bf16 (every kernel is a template on the element type, as
+// step 6's is); head dims 32, 64, 80, 96 and 128 (multiples of 16, so the fragments tile D
+// exactly; the warps of each in the tile table below); N_k keys for N queries (cross-attention:
+// a block owns keys of N_k and walks Q tiles of N); the causal mask in either alignment (the mask
+// policy says which Q tiles a block of keys walks, and the tiles the diagonal crosses are masked
+// element by element); and the key-padding mask (kMasked, kernels of their own): a padded key's
+// dS is kept out of dQ as a key past N_k is, and its dK and dV are written as 0. A row that sees
+// no key (L = -inf) gets P = 0 (lse_for_p): dQ = 0, and nothing added to dK or dV.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <stdexcept>
@@ -71,6 +78,8 @@ struct Tiles {
   static constexpr int kDqColumnGroups = kWarps / 4;
   static constexpr int kDqTiles = kHeadDim / 8 / kDqColumnGroups;  // n-tiles of a warp's dQ
   static_assert(kWarps == 4 || kWarps == 8, "dQ's 64 rows go to 4 warps, or 8 with D halved");
+  static_assert(kDqTiles % 2 == 0, "a warp's dQ n-tiles go in pairs (one ldmatrix.x4 of K): at "
+                                   "D = 80, half of D is 5 n-tiles, so 4 warps");
   static constexpr int kStride = kHeadDim + 8;  // padded 16 B: ldmatrix conflict-free
   static constexpr int kDsStride = kBlockN + 8;
   static constexpr int kDChunks = kHeadDim / 16;   // k-steps over D
@@ -87,7 +96,8 @@ struct Tiles {
   static_assert(kHeadDim % 16 == 0, "fragments tile D by 16");
 };
 
-// Rows [row0, row0 + kRows) of a [N, D] slice into a padded shared tile; rows >= N become 0.
+// Rows [row0, row0 + kRows) of a [tokens, D] slice (N rows of Q or dO, N_k of K or V) into a
+// padded shared tile; rows >= tokens become 0.
 template <int kRows, int kHeadDim, int kStride, int kThreads, typename Element>
 __device__ __forceinline__ void load_tile_async(Element* tile, const Element* slice, int row0,
                                                 int tokens) {
@@ -101,13 +111,24 @@ __device__ __forceinline__ void load_tile_async(Element* tile, const Element* sl
   }
 }
 
+// L as P = exp(S - L) takes it. A row that sees no key (only under a mask: every key it could
+// see is padding, or it lies above the causal diagonal with N > N_k) has L = -inf from the
+// forward, and O = 0, so D = 0. exp(S + inf) would be inf, and its dS NaN; as L = +inf its P is
+// 0 for every key, as the forward's was, so it gets dQ = 0 and adds nothing to dK and dV. The
+// identity in a kernel whose rows all see a key (kRowsMaySeeNoKey false).
+template <bool kRowsMaySeeNoKey>
+__device__ __forceinline__ float lse_for_p(float lse) {
+  return kRowsMaySeeNoKey && lse == -INFINITY ? INFINITY : lse;
+}
+
 // Values [row0, row0 + kRows) of one slice's row vector (L or D) into shared memory; past N, 0.
 // Plain loads: a slice's rows start at any 4-byte boundary, and cp.async copies 16 aligned bytes.
-template <int kRows>
+// kNoKeyLse: the values are L in a kernel whose rows may see no key, stored as lse_for_p gives.
+template <int kRows, bool kNoKeyLse = false>
 __device__ __forceinline__ void load_rows(float* rows, const float* slice_rows, int row0,
                                           int tokens) {
   for (int r = threadIdx.x; r < kRows; r += blockDim.x) {
-    rows[r] = row0 + r < tokens ? slice_rows[row0 + r] : 0.0f;
+    rows[r] = row0 + r < tokens ? lse_for_p<kNoKeyLse>(slice_rows[row0 + r]) : 0.0f;
   }
 }
 
@@ -138,19 +159,24 @@ __global__ void row_dot_kernel(const Element* __restrict__ o, const Element* __r
 // ---- 2. dK, dV per K/V tile; dQ added up across tiles ------------------------------------------
 
 // kAtomicDq: this kernel also adds dQ into the fp32 sum (the default); without it, dQ is left
-// to dq_pass_kernel below, the deterministic mode.
-template <typename Element, int kHeadDim, int kWarps, bool kAtomicDq, bool kCausal>
+// to dq_pass_kernel below, the deterministic mode. kMasked: key_padding ([B, N_k] bytes, 1:
+// padding; slice / heads is the batch) marks keys whose P is 0 (kernels of their own, so the
+// unmasked ones are unchanged). Q, dO and dQ have `tokens` rows a slice (N), K, V, dK and dV
+// mask.kv_tokens (N_k).
+template <typename Element, int kHeadDim, int kWarps, bool kAtomicDq, bool kMasked, bool kCausal>
 __global__ void __launch_bounds__(Tiles<kHeadDim, kWarps>::kThreads)
     flash_backward_kernel(const Element* __restrict__ q, const Element* __restrict__ k,
                           const Element* __restrict__ v, const Element* __restrict__ d_o,
                           const float* __restrict__ log_sum_exp, const float* __restrict__ row_dot,
                           float* __restrict__ dq_sum, Element* __restrict__ dk,
                           Element* __restrict__ dv, int tokens, const policies::Mask<kCausal> mask,
-                          int key_tiles, float scale, float scale_log2) {
+                          int key_tiles, float scale, float scale_log2,
+                          const uint8_t* __restrict__ key_padding, int heads) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
   return;  // cp.async and mma.m16n8k16 need sm_80; the registration says 8.0
 #else
   using T = Tiles<kHeadDim, kWarps>;
+  constexpr bool kRowsMaySeeNoKey = kMasked || kCausal;  // rows whose L is -inf (lse_for_p)
   extern __shared__ __align__(16) unsigned char shared_bytes[];
   Element* k_tile = reinterpret_cast<Element*>(shared_bytes);
   Element* v_tile = k_tile + T::kTileHalves;
@@ -162,29 +188,20 @@ __global__ void __launch_bounds__(Tiles<kHeadDim, kWarps>::kThreads)
 
   const int key_tile = blockIdx.x % key_tiles;
   const int64_t slice = blockIdx.x / key_tiles;
-  const int64_t slice_offset = slice * tokens * kHeadDim;
+  const int64_t slice_offset = slice * tokens * kHeadDim;  // of Q, dO and dQ: N rows a slice
+  const int kv_tokens = mask.kv_tokens;
+  const int64_t kv_slice_offset = slice * kv_tokens * kHeadDim;  // of K, V, dK and dV: N_k rows
   const int key0 = key_tile * T::kBlockN;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int group = lane / 4, quad_lane = lane % 4;
   const int row_tiles = (tokens + T::kBlockM - 1) / T::kBlockM;
 
-  // K and V of this block, the first Q, dO, L and D; then the walk over Q tiles.
-  load_tile_async<T::kBlockN, kHeadDim, T::kStride, T::kThreads>(k_tile, k + slice_offset, key0, tokens);
-  load_tile_async<T::kBlockN, kHeadDim, T::kStride, T::kThreads>(v_tile, v + slice_offset, key0, tokens);
-  auto load_row_tile = [&](int row_tile, int stage) {
-    const int row0 = row_tile * T::kBlockM;
-    load_tile_async<T::kBlockM, kHeadDim, T::kStride, T::kThreads>(
-        q_tiles + stage * T::kBlockM * T::kStride, q + slice_offset, row0, tokens);
-    load_tile_async<T::kBlockM, kHeadDim, T::kStride, T::kThreads>(
-        d_o_tiles + stage * T::kBlockM * T::kStride, d_o + slice_offset, row0, tokens);
-    load_rows<T::kBlockM>(lse_rows + stage * T::kBlockM, log_sum_exp + slice * tokens, row0, tokens);
-    load_rows<T::kBlockM>(dot_rows + stage * T::kBlockM, row_dot + slice * tokens, row0, tokens);
-  };
   // Where this block's walk starts: the K/V tiles of a slice run side by side, and walking the Q
   // tiles in one order, all of them would add into the same rows of dQ at the same moment, queued
   // behind each other at L2's atomic units. Spread evenly, each walks the same tiles from its own
   // first one. Under the causal mask the walk is the `walk` Q tiles from the first that sees the
-  // block's keys (policies/mask.cuh), and those already start apart.
+  // block's keys (policies/mask.cuh), and those already start apart; none (walk <= 0) where no
+  // row sees them, at the top left with N_k > N.
   const int first_visible = mask.first_row(key0) / T::kBlockM;
   const int walk = row_tiles - first_visible;
   const int first_row_tile = kCausal ? first_visible : int(int64_t(key_tile) * row_tiles / key_tiles);
@@ -192,23 +209,49 @@ __global__ void __launch_bounds__(Tiles<kHeadDim, kWarps>::kThreads)
     const int row_tile = first_row_tile + step;
     return row_tile < row_tiles ? row_tile : row_tile - walk;
   };
-  load_row_tile(row_tile_at(0), 0);
+  auto load_row_tile = [&](int row_tile, int stage) {
+    const int row0 = row_tile * T::kBlockM;
+    load_tile_async<T::kBlockM, kHeadDim, T::kStride, T::kThreads>(
+        q_tiles + stage * T::kBlockM * T::kStride, q + slice_offset, row0, tokens);
+    load_tile_async<T::kBlockM, kHeadDim, T::kStride, T::kThreads>(
+        d_o_tiles + stage * T::kBlockM * T::kStride, d_o + slice_offset, row0, tokens);
+    load_rows<T::kBlockM, kRowsMaySeeNoKey>(lse_rows + stage * T::kBlockM, log_sum_exp + slice * tokens,
+                                            row0, tokens);
+    load_rows<T::kBlockM>(dot_rows + stage * T::kBlockM, row_dot + slice * tokens, row0, tokens);
+  };
+  // K and V of this block, the first Q, dO, L and D; then the walk over Q tiles. A block with no
+  // walk loads nothing (no copy is left in flight when it ends) and writes dK = dV = 0.
+  if (!kCausal || walk > 0) {
+    load_tile_async<T::kBlockN, kHeadDim, T::kStride, T::kThreads>(k_tile, k + kv_slice_offset, key0, kv_tokens);
+    load_tile_async<T::kBlockN, kHeadDim, T::kStride, T::kThreads>(v_tile, v + kv_slice_offset, key0, kv_tokens);
+    load_row_tile(row_tile_at(0), 0);
+  }
   cp_async_commit();
 
-  // This warp's 16 keys: the rows of dK and dV it owns. Keys past N (the last tile's tail) are
-  // zero rows of K and V, so their score is 0 and P = exp(-L): 1e13 for a row whose scores all lie
-  // far below 0 (L = -30), which overflows fp16, and inf times their zero K row in dQ = dS K is NaN
-  // in every dQ of the row. So their dS never reaches dQ: the threads that hold them leave their
-  // entries of ds_tile at the zeros written here, once, and skip them below (a store with a
-  // predicate, no instruction more per Q tile). In registers their P and dS reach only their own
-  // rows of dK and dV, which are never written. Query rows past N need nothing: zero Q and dO
-  // rows, with L and D read as 0, give P = 1 and dP = 0, so dS = 0, and they add nothing.
+  // This warp's 16 keys: the rows of dK and dV it owns. Two kinds of key keep a dS that is not 0
+  // in registers and must not add to dQ:
+  //   - keys past N_k (the last tile's tail): zero rows of K and V, so their score is 0 and
+  //     P = exp(-L): 1e13 for a row whose scores all lie far below 0 (L = -30), which overflows
+  //     fp16, and inf times their zero K row in dQ = dS K is NaN in every dQ of the row;
+  //   - keys the padding mask marks (kMasked): P = 0 in the forward, rebuilt here as if they were
+  //     not padded.
+  // So their dS never reaches dQ: the threads that hold them leave their entries of ds_tile at
+  // the zeros written here, once, and skip them below (a store with a predicate, no instruction
+  // more per Q tile). In registers their P and dS reach only their own rows of dK and dV: never
+  // written past N_k, written as 0 for a padded key. Query rows past N need nothing: zero Q and
+  // dO rows, with L and D read as 0, give P = 1 and dP = 0, so dS = 0, and they add nothing.
   const int warp_key0 = warp * 16;
-  const bool key_inside[2] = {key0 + warp_key0 + group < tokens, key0 + warp_key0 + group + 8 < tokens};
-  if (kAtomicDq && key0 + T::kBlockN > tokens) {  // the block of the last K/V tile
+  const bool key_inside[2] = {key0 + warp_key0 + group < kv_tokens, key0 + warp_key0 + group + 8 < kv_tokens};
+  bool key_kept[2] = {key_inside[0], key_inside[1]};  // inside N_k and not padding
+  if constexpr (kMasked) {
+    const uint8_t* padding = key_padding + (slice / heads) * kv_tokens + key0 + warp_key0 + group;
+    key_kept[0] = key_inside[0] && padding[0] == 0;
+    key_kept[1] = key_inside[1] && padding[8] == 0;
+  }
+  if (kAtomicDq && (kMasked || key0 + T::kBlockN > kv_tokens)) {  // the last K/V tile, or padding
     for (int n = 0; n < T::kRowTiles; ++n) {
       for (int e = 0; e < 4; ++e) {
-        if (!key_inside[e / 2]) {
+        if (!key_kept[e / 2]) {
           ds_tile[(n * 8 + 2 * quad_lane + e % 2) * T::kDsStride + warp_key0 + group + 8 * (e / 2)] =
               from_float<Element>(0.0f);
         }
@@ -250,7 +293,8 @@ __global__ void __launch_bounds__(Tiles<kHeadDim, kWarps>::kThreads)
     }
 
     // P^T = exp(S^T scale - L) and dS^T = P^T o (dP^T - D), in place: element e of n-tile n is
-    // key row group + 8 (e / 2), query column n * 8 + 2 quad_lane + e % 2.
+    // key row group + 8 (e / 2), query column n * 8 + 2 quad_lane + e % 2. (A row that sees no
+    // key has L = +inf here, so P = 0: lse_for_p.)
     for (int n = 0; n < T::kRowTiles; ++n) {
       for (int e = 0; e < 4; ++e) {
         const int column = n * 8 + 2 * quad_lane + e % 2;
@@ -298,10 +342,10 @@ __global__ void __launch_bounds__(Tiles<kHeadDim, kWarps>::kThreads)
 
     if constexpr (kAtomicDq) {  // else dQ comes from a pass of its own
       // dS (fp16) into shared memory as [query][key]: dQ needs it with the queries as rows.
-      // Keys past N keep their zeros.
+      // Keys past N_k and padded keys keep their zeros.
       for (int n = 0; n < T::kRowTiles; ++n) {
         for (int e = 0; e < 4; ++e) {
-          if (key_inside[e / 2]) {
+          if (key_kept[e / 2]) {
             ds_tile[(n * 8 + 2 * quad_lane + e % 2) * T::kDsStride + warp_key0 + group + 8 * (e / 2)] =
                 from_float<Element>(dp_acc[n][e]);
           }
@@ -344,16 +388,18 @@ __global__ void __launch_bounds__(Tiles<kHeadDim, kWarps>::kThreads)
     }
   }
 
-  // dK = scale dS^T Q and dV, this warp's 16 keys, straight from the accumulators.
+  // dK = scale dS^T Q and dV, this warp's 16 keys, straight from the accumulators; a padded
+  // key's (inside N_k, not kept) are 0 (0u: two 16-bit zeros), what its accumulators summed
+  // dropped.
   for (int half = 0; half < 2; ++half) {
     if (!key_inside[half]) continue;
-    const int64_t row = slice_offset + int64_t(key0 + warp_key0 + group + 8 * half) * kHeadDim;
+    const int64_t row = kv_slice_offset + int64_t(key0 + warp_key0 + group + 8 * half) * kHeadDim;
     for (int d = 0; d < T::kDTiles; ++d) {
       const int column = d * 8 + 2 * quad_lane;
       *reinterpret_cast<uint32_t*>(dk + row + column) =
-          pack_pair<Element>(dk_acc[d][2 * half] * scale, dk_acc[d][2 * half + 1] * scale);
+          key_kept[half] ? pack_pair<Element>(dk_acc[d][2 * half] * scale, dk_acc[d][2 * half + 1] * scale) : 0u;
       *reinterpret_cast<uint32_t*>(dv + row + column) =
-          pack_pair<Element>(dv_acc[d][2 * half], dv_acc[d][2 * half + 1]);
+          key_kept[half] ? pack_pair<Element>(dv_acc[d][2 * half], dv_acc[d][2 * half + 1]) : 0u;
     }
   }
 #endif
@@ -382,17 +428,20 @@ struct DqTiles {
       (2 * std::size_t(kBlockM) + 4 * std::size_t(kBlockN)) * kStride * 2;  // 16-bit elements
 };
 
-template <typename Element, int kHeadDim, bool kCausal>
+// kMasked, key_padding and heads as in the main kernel.
+template <typename Element, int kHeadDim, bool kMasked, bool kCausal>
 __global__ void __launch_bounds__(DqTiles<kHeadDim>::kThreads)
     dq_pass_kernel(const Element* __restrict__ q, const Element* __restrict__ k,
                    const Element* __restrict__ v, const Element* __restrict__ d_o,
                    const float* __restrict__ log_sum_exp, const float* __restrict__ row_dot,
                    Element* __restrict__ dq, int tokens, const policies::Mask<kCausal> mask,
-                   int row_tiles, float scale, float scale_log2) {
+                   int row_tiles, float scale, float scale_log2,
+                   const uint8_t* __restrict__ key_padding, int heads) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
   return;
 #else
   using T = DqTiles<kHeadDim>;
+  constexpr bool kRowsMaySeeNoKey = kMasked || kCausal;  // rows whose L is -inf (lse_for_p)
   extern __shared__ __align__(16) unsigned char shared_bytes[];
   Element* q_tile = reinterpret_cast<Element*>(shared_bytes);
   Element* d_o_tile = q_tile + T::kBlockM * T::kStride;
@@ -401,24 +450,31 @@ __global__ void __launch_bounds__(DqTiles<kHeadDim>::kThreads)
 
   const int row_tile = blockIdx.x % row_tiles;
   const int64_t slice = blockIdx.x / row_tiles;
-  const int64_t slice_offset = slice * tokens * kHeadDim;
+  const int64_t slice_offset = slice * tokens * kHeadDim;  // of Q, dO and dQ: N rows a slice
+  const int kv_tokens = mask.kv_tokens;
+  const int64_t kv_slice_offset = slice * kv_tokens * kHeadDim;  // of K and V: N_k rows
   const int row0 = row_tile * T::kBlockM;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int group = lane / 4, quad_lane = lane % 4;
-  const int key_tiles = mask.kv_tiles(row0, T::kBlockM, T::kBlockN);  // all N's without kCausal
+  const int key_tiles = mask.kv_tiles(row0, T::kBlockM, T::kBlockN);  // all N_k's without kCausal
   const int first_partial = mask.first_partial_tile(row0, T::kBlockN);
 
-  load_tile_async<T::kBlockM, kHeadDim, T::kStride, T::kThreads>(q_tile, q + slice_offset, row0, tokens);
-  load_tile_async<T::kBlockM, kHeadDim, T::kStride, T::kThreads>(d_o_tile, d_o + slice_offset, row0, tokens);
-  load_tile_async<T::kBlockN, kHeadDim, T::kStride, T::kThreads>(k_tiles, k + slice_offset, 0, tokens);
-  load_tile_async<T::kBlockN, kHeadDim, T::kStride, T::kThreads>(v_tiles, v + slice_offset, 0, tokens);
+  // Q, dO and the first K/V tile; none for a block whose rows see no key (causal, bottom right,
+  // N > N_k): it loads nothing (no copy is left in flight when it ends) and writes dQ = 0.
+  if (!kCausal || key_tiles > 0) {
+    load_tile_async<T::kBlockM, kHeadDim, T::kStride, T::kThreads>(q_tile, q + slice_offset, row0, tokens);
+    load_tile_async<T::kBlockM, kHeadDim, T::kStride, T::kThreads>(d_o_tile, d_o + slice_offset, row0, tokens);
+    load_tile_async<T::kBlockN, kHeadDim, T::kStride, T::kThreads>(k_tiles, k + kv_slice_offset, 0, kv_tokens);
+    load_tile_async<T::kBlockN, kHeadDim, T::kStride, T::kThreads>(v_tiles, v + kv_slice_offset, 0, kv_tokens);
+  }
   cp_async_commit();
 
-  // L (in log2 units) and D of this lane's two rows; rows past N read 0 (their dQ is not stored).
+  // L (in log2 units; +inf for a row that sees no key, lse_for_p) and D of this lane's two rows;
+  // rows past N read 0 (their dQ is not stored).
   float lse_log2[2], dot[2];
   for (int half = 0; half < 2; ++half) {
     const int row = row0 + warp * 16 + group + 8 * half;
-    lse_log2[half] = row < tokens ? log_sum_exp[slice * tokens + row] * kLog2e : 0.0f;
+    lse_log2[half] = row < tokens ? lse_for_p<kRowsMaySeeNoKey>(log_sum_exp[slice * tokens + row]) * kLog2e : 0.0f;
     dot[half] = row < tokens ? row_dot[slice * tokens + row] : 0.0f;
   }
   uint32_t q_fragments[T::kDChunks][4], d_o_fragments[T::kDChunks][4];
@@ -439,9 +495,9 @@ __global__ void __launch_bounds__(DqTiles<kHeadDim>::kThreads)
     if (tile + 1 < key_tiles) {
       const int next = (tile + 1) % 2;
       load_tile_async<T::kBlockN, kHeadDim, T::kStride, T::kThreads>(
-          k_tiles + next * T::kBlockN * T::kStride, k + slice_offset, (tile + 1) * T::kBlockN, tokens);
+          k_tiles + next * T::kBlockN * T::kStride, k + kv_slice_offset, (tile + 1) * T::kBlockN, kv_tokens);
       load_tile_async<T::kBlockN, kHeadDim, T::kStride, T::kThreads>(
-          v_tiles + next * T::kBlockN * T::kStride, v + slice_offset, (tile + 1) * T::kBlockN, tokens);
+          v_tiles + next * T::kBlockN * T::kStride, v + kv_slice_offset, (tile + 1) * T::kBlockN, kv_tokens);
     }
     cp_async_commit();
 
@@ -461,17 +517,29 @@ __global__ void __launch_bounds__(DqTiles<kHeadDim>::kThreads)
       }
     }
     // dS = P o (dP - D), row `group + 8 (e / 2)`, key `8 n + 2 quad_lane + e % 2` of the tile;
-    // 0 for keys past N (the last tile only), as in the main kernel.
+    // 0 for keys past N_k (the last tile only), as in the main kernel, and for padded keys.
     for (int n = 0; n < T::kKeyTiles; ++n) {
       for (int e = 0; e < 4; ++e) {
         const float p = fast_exp2(fmaf(s_acc[n][e], scale_log2, -lse_log2[e / 2]));
         dp_acc[n][e] = p * (dp_acc[n][e] - dot[e / 2]);
       }
     }
-    if ((tile + 1) * T::kBlockN > tokens) {
+    if ((tile + 1) * T::kBlockN > kv_tokens) {
       for (int n = 0; n < T::kKeyTiles; ++n) {
         for (int e = 0; e < 4; ++e) {
-          if (tile * T::kBlockN + 8 * n + 2 * quad_lane + e % 2 >= tokens) dp_acc[n][e] = 0.0f;
+          if (tile * T::kBlockN + 8 * n + 2 * quad_lane + e % 2 >= kv_tokens) dp_acc[n][e] = 0.0f;
+        }
+      }
+    }
+    if constexpr (kMasked) {  // keys the padding mask marks (both rows of a key: e and e + 2)
+      const uint8_t* padding = key_padding + (slice / heads) * kv_tokens;
+      for (int n = 0; n < T::kKeyTiles; ++n) {
+        for (int column = 0; column < 2; ++column) {
+          const int key = tile * T::kBlockN + 8 * n + 2 * quad_lane + column;
+          if (key < kv_tokens && padding[key] != 0) {
+            dp_acc[n][column] = 0.0f;
+            dp_acc[n][column + 2] = 0.0f;
+          }
         }
       }
     }
@@ -552,37 +620,42 @@ void launch_for(const attn::BackwardArgs& args) {
       o, d_o, row_dot, rows, kHeadDim);
   CUDA_CHECK_LAUNCH();
 
-  const int key_tiles = (args.tokens + T::kBlockN - 1) / T::kBlockN;
+  // One block per K/V tile of N_k keys; the diagonal of a causal mask where N != N_k as the
+  // forward put it (problem.hpp).
+  const int key_tiles = (args.kv_tokens + T::kBlockN - 1) / T::kBlockN;
   const int64_t slices = int64_t(args.batch) * args.heads;
-  const int diagonal = int(attn::causal_diagonal(args.causal, args.tokens, args.tokens));
+  const int diagonal = int(attn::causal_diagonal(args.causal, args.tokens, args.kv_tokens));
   attn::with_flags(  // dQ by atomics unless the run must be deterministic
-      [&](auto atomic_dq, auto causal) {
+      [&](auto atomic_dq, auto masked, auto causal) {
         constexpr bool kCausal = decltype(causal)::value;
-        auto kernel = flash_backward_kernel<Element, kHeadDim, T::kWarps, decltype(atomic_dq)::value, kCausal>;
+        auto kernel = flash_backward_kernel<Element, kHeadDim, T::kWarps, decltype(atomic_dq)::value,
+                                            decltype(masked)::value, kCausal>;
         CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                         int(T::kSharedBytes)));
         kernel<<<unsigned(int64_t(key_tiles) * slices), T::kThreads, T::kSharedBytes, args.stream>>>(
             q, k, v, d_o, args.log_sum_exp, row_dot, dq_sum, reinterpret_cast<Element*>(args.dk),
             reinterpret_cast<Element*>(args.dv), args.tokens,
-            policies::Mask<kCausal>{args.tokens, diagonal}, key_tiles, scale, scale_log2);
+            policies::Mask<kCausal>{args.kv_tokens, diagonal}, key_tiles, scale, scale_log2,
+            args.key_padding_mask, args.heads);
       },
-      !args.deterministic, args.causal != attn::Causal::none);
+      !args.deterministic, args.key_padding_mask != nullptr, args.causal != attn::Causal::none);
   CUDA_CHECK_LAUNCH();
 
   if (args.deterministic) {
     using D = DqTiles<kHeadDim>;
     const int row_tiles = (args.tokens + D::kBlockM - 1) / D::kBlockM;
     attn::with_flags(
-        [&](auto causal) {
+        [&](auto masked, auto causal) {
           constexpr bool kCausal = decltype(causal)::value;
-          auto kernel = dq_pass_kernel<Element, kHeadDim, kCausal>;
+          auto kernel = dq_pass_kernel<Element, kHeadDim, decltype(masked)::value, kCausal>;
           CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                           int(D::kSharedBytes)));
           kernel<<<unsigned(int64_t(row_tiles) * slices), D::kThreads, D::kSharedBytes, args.stream>>>(
               q, k, v, d_o, args.log_sum_exp, row_dot, dq, args.tokens,
-              policies::Mask<kCausal>{args.tokens, diagonal}, row_tiles, scale, scale_log2);
+              policies::Mask<kCausal>{args.kv_tokens, diagonal}, row_tiles, scale, scale_log2,
+              args.key_padding_mask, args.heads);
         },
-        args.causal != attn::Causal::none);
+        args.key_padding_mask != nullptr, args.causal != attn::Causal::none);
     CUDA_CHECK_LAUNCH();
     return;
   }
@@ -592,17 +665,31 @@ void launch_for(const attn::BackwardArgs& args) {
   CUDA_CHECK_LAUNCH();
 }
 
-// Warps per block (16 keys each) at each head dim, chosen by measurement (chapter 15). A define
+// Warps per block (16 keys each) at each head dim. 8 at D = 64 and 128, chosen by measurement
+// (chapter 15), and at D = 32 as at 64. 4 at D = 80, where half of D, a warp's share of dQ's
+// columns with 8 warps, is 5 n-tiles (odd), and at D = 96, where 4 warps take 88 KB of shared
+// memory, within RTX 30xx/40xx's 99 KB, and 8 would take 122 KB; neither measured. A define
 // replaces one: -DATTN_V9_WARPS_D64=4.
+#ifndef ATTN_V9_WARPS_D32
+#define ATTN_V9_WARPS_D32 8
+#endif
 #ifndef ATTN_V9_WARPS_D64
 #define ATTN_V9_WARPS_D64 8
+#endif
+#ifndef ATTN_V9_WARPS_D80
+#define ATTN_V9_WARPS_D80 4
+#endif
+#ifndef ATTN_V9_WARPS_D96
+#define ATTN_V9_WARPS_D96 4
 #endif
 #ifndef ATTN_V9_WARPS_D128
 #define ATTN_V9_WARPS_D128 8
 #endif
 
 // The step's one list of them: the registration's head dims, the launch and the shared memory.
-using TileTable = attn::TileTable<Tiles<64, ATTN_V9_WARPS_D64>, Tiles<128, ATTN_V9_WARPS_D128>>;
+using TileTable = attn::TileTable<Tiles<32, ATTN_V9_WARPS_D32>, Tiles<64, ATTN_V9_WARPS_D64>,
+                                  Tiles<80, ATTN_V9_WARPS_D80>, Tiles<96, ATTN_V9_WARPS_D96>,
+                                  Tiles<128, ATTN_V9_WARPS_D128>>;
 
 void launch_flash_backward(const attn::BackwardArgs& args) {
   TileTable::with_shape(args.head_dim, [&](auto tiles) {
@@ -612,11 +699,15 @@ void launch_flash_backward(const attn::BackwardArgs& args) {
   });
 }
 
-// Independent of N: K, V, two stages of Q, dO, L and D, and dS (the deterministic dQ pass
-// needs less).
+// Independent of N and N_k: the main kernel's K, V, two stages of Q, dO, L and D, and dS, or
+// the deterministic dQ pass's Q, dO and two stages of K and V, whichever is more (the main
+// kernel's, at every head dim of the table).
 std::size_t shared_bytes_needed(const attn::Shape& shape) {
   std::size_t bytes = 0;
-  TileTable::with_shape(shape.head_dim, [&](auto tiles) { bytes = decltype(tiles)::kSharedBytes; });
+  TileTable::with_shape(shape.head_dim, [&](auto tiles) {
+    using T = decltype(tiles);
+    bytes = std::max(T::kSharedBytes, DqTiles<T::kHeadDim>::kSharedBytes);
+  });
   return bytes;
 }
 
@@ -643,4 +734,6 @@ ATTN_REGISTER_STEP(attn::backward_step_info(ATTN_STEP_ID,
                        .with_workspace(workspace_bytes_needed)
                        .with_tiles(tile_sizes)
                        .with_deterministic_mode()
+                       .taking_kv_tokens()
+                       .taking_key_padding_mask()
                        .taking_causal())
