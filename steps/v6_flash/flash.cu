@@ -13,7 +13,7 @@
 //   - exp2 with log2(e)/sqrt(D) folded into one constant, so each exponent is one FFMA;
 //   - the tail (keys >= N) is masked only in the last K/V tile;
 //   - when asked, each row's log-sum-exp L leaves beside O: the backward pass rebuilds P from it.
-// Serves head dims 32, 64, 80, 128 (multiples of 16, so the fragments tile D exactly), in fp16
+// Serves head dims 32, 64, 80, 96, 128 (multiples of 16, so the fragments tile D exactly), in fp16
 // or bf16 (the kernel is a template on the element type; only the MMA and the packing differ),
 // and N_k keys for N queries (cross-attention: the K/V walk counts N_k, the Q tile N). Under a
 // causal mask the mask policy (policies/mask.cuh) says how many K/V tiles a block walks, and
@@ -369,8 +369,9 @@ void launch_flash_for(Tiles<kHeadDim, kWarps, kRowGroups, kBlockN>, const attn::
 
 // The tile shape of each head dim: warps, 16-row groups per warp, keys per K/V tile. 4 warps of
 // 32 rows (128-row tiles) measured fastest at D = 64 on the H100 (chapter 07). At D = 80 and 128
-// two row groups spill past 255 registers, so 16 rows per warp there. A define replaces one, as
-// scripts/tune.sh v6 does: -DATTN_V6_TILES_D64=8\,1\,64 (nvcc needs the commas escaped).
+// two row groups spill past 255 registers, so 16 rows per warp there, and at D = 96 between
+// them (which v9's backward needs as its forward). A define replaces one, as scripts/tune.sh v6
+// does: -DATTN_V6_TILES_D64=8\,1\,64 (nvcc needs the commas escaped).
 #ifndef ATTN_V6_TILES_D32
 #define ATTN_V6_TILES_D32 4, 2, 64
 #endif
@@ -380,13 +381,17 @@ void launch_flash_for(Tiles<kHeadDim, kWarps, kRowGroups, kBlockN>, const attn::
 #ifndef ATTN_V6_TILES_D80
 #define ATTN_V6_TILES_D80 4, 1, 64
 #endif
+#ifndef ATTN_V6_TILES_D96
+#define ATTN_V6_TILES_D96 4, 1, 64
+#endif
 #ifndef ATTN_V6_TILES_D128
 #define ATTN_V6_TILES_D128 4, 1, 64
 #endif
 
 // The step's one list of them: the registration's head dims, the launch and the shared memory.
 using TileTable = attn::TileTable<Tiles<32, ATTN_V6_TILES_D32>, Tiles<64, ATTN_V6_TILES_D64>,
-                                  Tiles<80, ATTN_V6_TILES_D80>, Tiles<128, ATTN_V6_TILES_D128>>;
+                                  Tiles<80, ATTN_V6_TILES_D80>, Tiles<96, ATTN_V6_TILES_D96>,
+                                  Tiles<128, ATTN_V6_TILES_D128>>;
 
 void launch_flash(const attn::AttentionArgs& args) {
   TileTable::with_shape(args.head_dim, [&](auto tiles) {
