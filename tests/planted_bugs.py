@@ -71,6 +71,8 @@ LARGE_SCORES_TEST = "large scores*"  # scores at std 16 over a few keys and at t
 CAUSAL_TEST = "causal mask*"  # both alignments, tails, N_q != N_k (forward and backward suites)
 DETERMINISTIC_TEST = "deterministic mode*"  # tests/test_backward_gpu.cpp: tails, a ViT shape
 KEY_PADDING_TEST = "*padding*"  # tests/test_backward_gpu.cpp: every backward case with key padding
+CROSS_TEST = "cross-attention*"  # tests/test_backward_gpu.cpp: N_q and N_k apart, their tails
+DETERMINISTIC_CROSS_TEST = "deterministic mode on cross*"  # whole Q tiles that see no key
 BUGS = [
     # The arithmetic of the online softmax: the result check catches these.
     Bug("v6nomask", V6, "keys past N keep their scores", [("if (tile_keys < kBlockN) {", "if (false) {", 1)]),
@@ -145,6 +147,24 @@ BUGS = [
     Bug("v9paddingunmasked", V9, "the dS of padded keys reaches dQ in the backward (their dK and dV still 0)",
         [("          if (key_kept[e / 2]) {\n            ds_tile", "          if (key_inside[e / 2]) {\n            ds_tile", 1)],
         target=KEY_PADDING_TEST),
+    # The Hopper backward's masks and cross-attention (#31): padded keys, keys counted from N_k,
+    # rows that no block visits, the padding columns of D = 80.
+    Bug("v10paddeddvkept", V10, "a padded key's dV written from its P (its dS is zeroed, its P is not)",
+        [("key_in_range[half] ? hopper::pack_pair<Element>(dv_acc[4 * d + 2 * half], dv_acc[4 * d + 2 * half + 1]) : 0u;",
+          "hopper::pack_pair<Element>(dv_acc[4 * d + 2 * half], dv_acc[4 * d + 2 * half + 1]);", 1)],
+        target=KEY_PADDING_TEST),
+    Bug("v10paddingignored", V10, "the key-padding mask not read: padded keys' dS reaches dQ and dK",
+        [("(key_padding == nullptr || key_padding[int64_t(work.batch) * mask.kv_tokens + key] == 0)", "true", 1)],
+        target=KEY_PADDING_TEST),
+    Bug("v10keytilesfromn", V10, "the K/V tiles counted from N instead of N_k",
+        [("const int key_tiles = (args.kv_tokens + T::kBlockN - 1) / T::kBlockN;",
+          "const int key_tiles = (args.tokens + T::kBlockN - 1) / T::kBlockN;", 1)],
+        target=CROSS_TEST),
+    Bug("v10unseenrowsleft", V10, "rows above a bottom-right diagonal left unwritten in the deterministic mode",
+        [("if (token < unseen_rows && column < kHeadDim)", "if (token < 0 && column < kHeadDim)", 1)],
+        target=DETERMINISTIC_CROSS_TEST),
+    Bug("v10dqpastd", V10, "dQ's padding columns past D (D = 80 and 96 in tiles of 128) written into the next row",
+        [("if (T::kTileColumns != T::kHeadDim && place.column >= T::kHeadDim) return;", "", 1)]),
     # bf16: the element type mixed up in one place, which the fp16 suite cannot see.
     Bug("v6bf16pashalf", V6, "P packed as fp16 pairs in the bf16 kernel (the wrong type for the MMA)",
         [("p_fragments[g][0] = pack_pair<Element>(", "p_fragments[g][0] = pack_pair<__half>(", 1)]),
