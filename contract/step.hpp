@@ -129,6 +129,12 @@ struct BackwardArgs {
   // StepInfo says takes_key_padding_mask: a padded key gets P = 0, so dK = dV = 0 for it and it
   // adds nothing to dQ; a row that sees no key (L = -inf) gets dQ = 0 and adds nothing.
   const uint8_t* key_padding_mask = nullptr;
+  // Views instead of contiguous tensors, for a step whose StepInfo says takes_strides: Q, K and V
+  // as the forward read them (one packed projection), O as the forward wrote it, dO as autograd
+  // hands it over. dQ, dK and dV are always contiguous.
+  TensorStrides qkv_strides;  // shared by Q, K and V
+  TensorStrides o_strides;
+  TensorStrides d_o_strides;
 };
 
 // Where a backward launch's tensors lie (contiguous [B, H, N, D], L [B, H, N]).
@@ -239,7 +245,7 @@ struct StepInfo {
   LaunchFn launch = nullptr;
   WorkspaceFn workspace_bytes = nullptr;  // scratch the launch needs; nullptr means none
   StepKind kind = StepKind::step;
-  bool takes_strides = false;  // reads and writes strided views (AttentionArgs), not only contiguous
+  bool takes_strides = false;  // reads and writes strided views (AttentionArgs, BackwardArgs), not only contiguous
   PipelineReportFn pipeline_report = nullptr;  // set by steps built with the checked pipeline
   bool writes_log_sum_exp = false;  // fills AttentionArgs::log_sum_exp when asked
   BackwardLaunchFn launch_backward = nullptr;  // a backward step's launch (kind backward)
