@@ -28,7 +28,8 @@
 // Keys the key-padding mask pads are treated as keys past N_k are: their dS is zeroed as it is
 // packed, and their dK and dV are written as zeros; a row that sees no key (L = -inf) gets P = 0.
 // Serves head dims 32, 64, 80, 96 and 128 (80 and 96 in the tiles of 128, zeros past D), fp16
-// or bf16, N_k != N (cross-attention), on Hopper (sm_90a); chapter 17.
+// or bf16, N_k != N (cross-attention), and Q, K, V, O and dO as views (BackwardArgs' strides:
+// TMA's maps and the first kernel read them where they lie), on Hopper (sm_90a); chapter 17.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -191,7 +192,8 @@ __device__ __forceinline__ void write_dq_chunk(Element* __restrict__ slice_dq, D
 // i + diagonal < 0: no other pass writes them in the deterministic mode).
 template <typename T, typename Element>
 __global__ void row_vectors_kernel(const Element* __restrict__ o, const Element* __restrict__ d_o,
-                                   const float* __restrict__ log_sum_exp,
+                                   attn::TensorStrides o_strides, attn::TensorStrides d_o_strides,
+                                   int heads, const float* __restrict__ log_sum_exp,
                                    float* __restrict__ lse_log2, float* __restrict__ row_dot,
                                    float* __restrict__ dq_sum, Element* __restrict__ dq,
                                    int64_t padded_rows, int tokens, int row_tiles, int unseen_rows) {
@@ -205,9 +207,12 @@ __global__ void row_vectors_kernel(const Element* __restrict__ o, const Element*
   const bool in_tensor = in_workspace && token < tokens;
   float sum = 0.0f;
   if (in_tensor && column < kHeadDim) {
-    const int64_t element = (slice * tokens + token) * kHeadDim + column;
-    const uint4 o_chunk = *reinterpret_cast<const uint4*>(o + element);
-    const uint4 d_o_chunk = *reinterpret_cast<const uint4*>(d_o + element);
+    // O and dO where they lie: the forward's view of O, dO as autograd hands it over.
+    auto at = [&](const attn::TensorStrides& strides) {
+      return (slice / heads) * strides.batch + (slice % heads) * strides.head + token * strides.token + column;
+    };
+    const uint4 o_chunk = *reinterpret_cast<const uint4*>(o + at(o_strides));
+    const uint4 d_o_chunk = *reinterpret_cast<const uint4*>(d_o + at(d_o_strides));
     const uint32_t* o_pairs = reinterpret_cast<const uint32_t*>(&o_chunk);
     const uint32_t* d_o_pairs = reinterpret_cast<const uint32_t*>(&d_o_chunk);
     for (int i = 0; i < 4; ++i) {
@@ -740,7 +745,6 @@ Workspace workspace_for(void* base, int64_t slices, int row_tiles) {
 
 template <typename Element, typename T>
 void launch_for(const attn::BackwardArgs& args) {
-  constexpr int kHeadDim = T::kHeadDim;
   const auto* o = reinterpret_cast<const Element*>(args.o);
   const auto* d_o = reinterpret_cast<const Element*>(args.d_o);
   const int64_t slices = int64_t(args.batch) * args.heads;
@@ -761,21 +765,23 @@ void launch_for(const attn::BackwardArgs& args) {
   const int64_t row_threads = padded_rows * T::kRowVectorLanes;
   row_vectors_kernel<T, Element>
       <<<unsigned((row_threads + kRowThreads - 1) / kRowThreads), kRowThreads, 0, args.stream>>>(
-          o, d_o, args.log_sum_exp, workspace.lse_log2, workspace.row_dot, workspace.dq_sum,
+          o, d_o, attn::actual_strides(args.o_strides, args.heads, args.tokens, args.head_dim),
+          attn::actual_strides(args.d_o_strides, args.heads, args.tokens, args.head_dim), args.heads,
+          args.log_sum_exp, workspace.lse_log2, workspace.row_dot, workspace.dq_sum,
           reinterpret_cast<Element*>(args.dq), padded_rows, args.tokens, row_tiles, unseen_rows);
   CUDA_CHECK_LAUNCH();
 
   // Q and dO in Q tiles of N rows a slice, K and V in the block's tile of N_k rows a slice, each
-  // box one 64-column swizzle block.
-  auto map = [&](const void* tensor, int rows, int box_rows) {
+  // box one swizzle block wide, read where they lie: the maps carry the views' strides.
+  auto map = [&](const void* tensor, attn::TensorStrides given, int rows, int box_rows) {
     return hopper::tensor_map(tensor, args.dtype, args.batch, args.heads, rows, args.head_dim,
-                              attn::actual_strides({}, args.heads, rows, args.head_dim), box_rows,
+                              attn::actual_strides(given, args.heads, rows, args.head_dim), box_rows,
                               T::kSwizzleColumns, hopper::tensor_map_swizzle(T::kSwizzle));
   };
-  const CUtensorMap q_map = map(args.q, args.tokens, T::kBlockM),
-                    k_map = map(args.k, args.kv_tokens, T::kBlockN),
-                    v_map = map(args.v, args.kv_tokens, T::kBlockN),
-                    d_o_map = map(args.d_o, args.tokens, T::kBlockM);
+  const CUtensorMap q_map = map(args.q, args.qkv_strides, args.tokens, T::kBlockM),
+                    k_map = map(args.k, args.qkv_strides, args.kv_tokens, T::kBlockN),
+                    v_map = map(args.v, args.qkv_strides, args.kv_tokens, T::kBlockN),
+                    d_o_map = map(args.d_o, args.d_o_strides, args.tokens, T::kBlockM);
   // Block b serves K/V tile b % key_tiles of slice b / key_tiles (under the causal mask, in the
   // longest-first order of groups of slices). In the deterministic mode a block waits only for
   // the blocks of its slice's earlier K/V tiles, which have lower indices in either order: the
@@ -887,4 +893,5 @@ ATTN_REGISTER_STEP(attn::backward_step_info(ATTN_STEP_ID,
                        .with_deterministic_mode()
                        .taking_kv_tokens()
                        .taking_key_padding_mask()
+                       .taking_strides()
                        .taking_causal())
