@@ -227,6 +227,15 @@ std::size_t span_bytes(const attn::Shape& shape, const attn::TensorStrides& stri
                      (shape.tokens - 1) * strides.token + shape.head_dim) * sizeof(__half);
 }
 
+// The bytes a tensor of `rows` tokens a slice spans with `given` strides (zero: contiguous, with
+// `rows` rows a slice): Q, O and dO have N rows, K and V N_k, all with the shape's B, H and D.
+std::size_t strided_bytes(const attn::Shape& shape, const attn::TensorStrides& given, int64_t rows) {
+  attn::Shape each = shape;
+  each.tokens = rows;
+  each.kv_tokens = 0;
+  return span_bytes(each, attn::actual_strides(given, shape.heads, rows, shape.head_dim));
+}
+
 // Everything a launch needs, judged before anything is queued. Returns the device.
 // With query_cuda false (attn_launch_args::pointers_checked_by_caller) the caller has vouched
 // for the pointers' and the stream's device: only the arithmetic checks run.
@@ -315,15 +324,9 @@ int check_run(const attn::StepInfo& step, const attn::Shape& shape, const void* 
                                        {"v", v}, {"o", o}}) {
     check_pointer(name, pointer, device, query_cuda);
   }
-  const std::size_t input_bytes = span_bytes(
-      shape, attn::actual_strides(qkv_strides, shape.heads, shape.tokens, shape.head_dim));
-  attn::Shape kv_shape = shape;  // K and V: N_k rows a slice
-  kv_shape.tokens = shape.keys();
-  kv_shape.kv_tokens = 0;
-  const std::size_t kv_bytes = span_bytes(
-      kv_shape, attn::actual_strides(qkv_strides, shape.heads, shape.keys(), shape.head_dim));
-  const std::size_t output_bytes = span_bytes(
-      shape, attn::actual_strides(o_strides, shape.heads, shape.tokens, shape.head_dim));
+  const std::size_t input_bytes = strided_bytes(shape, qkv_strides, shape.tokens);
+  const std::size_t kv_bytes = strided_bytes(shape, qkv_strides, shape.keys());  // N_k rows a slice
+  const std::size_t output_bytes = strided_bytes(shape, o_strides, shape.tokens);
   for (const auto& [name, input, bytes] :
        {std::tuple<const char*, const void*, std::size_t>{"q", q, input_bytes}, {"k", k, kv_bytes},
         {"v", v, kv_bytes}}) {
@@ -500,13 +503,21 @@ attn::TensorStrides strides_of(const char* name, const attn_strides& given,
   if (strides.contiguous() || (same_as_contiguous && !(keys_too && shape.cross()))) {
     return {};
   }
+  const std::string listed = std::string(name) + " strides {" + std::to_string(given.batch) + ", " +
+                             std::to_string(given.head) + ", " + std::to_string(given.token) + "}";
   for (int64_t stride : {given.batch, given.head, given.token}) {
     if (stride < shape.head_dim || stride % 8 != 0) {
-      throw Refused{std::string(name) + " strides {" + std::to_string(given.batch) + ", " +
-                    std::to_string(given.head) + ", " + std::to_string(given.token) +
-                    "}: each must be a multiple of 8 elements (16 bytes) and at least "
+      throw Refused{listed + ": each must be a multiple of 8 elements (16 bytes) and at least "
                     "head_dim (" + std::to_string(shape.head_dim) + ")"};
     }
+  }
+  // The overlap checks size each view by its last element's offset: it must fit in 64 bits.
+  const int64_t rows = keys_too ? std::max(shape.tokens, shape.keys()) : shape.tokens;
+  const __int128 last = __int128(shape.batch - 1) * strides.batch +
+                        __int128(shape.heads - 1) * strides.head + __int128(rows - 1) * strides.token +
+                        shape.head_dim;
+  if (last * __int128(sizeof(__half)) > __int128(INT64_MAX)) {
+    throw Refused{listed + ": the view would span more than 2^63 bytes"};
   }
   return strides;
 }
@@ -569,7 +580,9 @@ void launch_call(const char* id, const attn_launch_args& call) {
 
 // attn_launch_backward. The checks of a forward launch, for eight tensors, L and the mask: N_k
 // and the key-padding mask are part of the problem as in launch_call (a step that takes neither
-// refuses them, naming --kv-tokens or --key-padding), K, V, dK and dV are sized by N_k.
+// refuses them, naming --kv-tokens or --key-padding), K, V, dK and dV are sized by N_k, and the
+// views of Q, K, V, O and dO are judged as the forward's (strides_of; a step without
+// takes_strides refuses them) and sized by the memory they span.
 void launch_backward_call(const char* id, const attn_backward_args& call) {
   const attn::StepInfo& step = step_named(id);
   if (!attn::is_backward(step.kind)) {
@@ -583,16 +596,37 @@ void launch_backward_call(const char* id, const attn_backward_args& call) {
   shape.key_padding = call.key_padding_mask != nullptr;
   shape.causal = causal_of(call.causal);
   check_scale(call.scale);
+  // Views, judged as the forward's are, before the GPU is asked anything: a step that reads
+  // contiguous tensors only refuses them, naming itself and the views.
+  const attn::TensorStrides qkv_strides = strides_of("qkv", call.qkv_strides, shape, /*keys_too=*/true);
+  const attn::TensorStrides o_strides = strides_of("o", call.o_strides, shape, /*keys_too=*/false);
+  const attn::TensorStrides d_o_strides = strides_of("d_o", call.d_o_strides, shape, /*keys_too=*/false);
+  if (!step.takes_strides) {
+    std::string views;
+    for (const auto& [name, strides] : {std::pair<const char*, attn::TensorStrides>{"qkv_strides", qkv_strides},
+                                        {"o_strides", o_strides}, {"d_o_strides", d_o_strides}}) {
+      if (!strides.contiguous()) views += (views.empty() ? "" : ", ") + std::string(name);
+    }
+    if (!views.empty()) {
+      throw Refused{step.id + " reads contiguous [B, H, N, D] tensors only (" + views + " describe "
+                    "views); give contiguous ones, or use a backward step that takes views"};
+    }
+  }
   const int device = device_for_launch(step, shape);
   const bool query_cuda = call.pointers_checked_by_caller == 0;
-  const std::size_t bytes = std::size_t(shape.elements()) * sizeof(__half);        // Q, O, dO, dQ
-  const std::size_t kv_bytes = std::size_t(shape.kv_elements()) * sizeof(__half);  // K, V, dK, dV
+  const std::size_t bytes = std::size_t(shape.elements()) * sizeof(__half);        // dQ
+  const std::size_t kv_bytes = std::size_t(shape.kv_elements()) * sizeof(__half);  // dK, dV
   const std::size_t rows_bytes = std::size_t(shape.slices() * shape.tokens) * sizeof(float);
   const std::size_t mask_bytes = std::size_t(shape.batch * shape.keys());
+  // The inputs by the memory each spans: a view reaches from its first element to its last.
+  const std::size_t q_bytes = strided_bytes(shape, qkv_strides, shape.tokens);
+  const std::size_t kv_input_bytes = strided_bytes(shape, qkv_strides, shape.keys());
+  const std::size_t o_bytes = strided_bytes(shape, o_strides, shape.tokens);
+  const std::size_t d_o_bytes = strided_bytes(shape, d_o_strides, shape.tokens);
   using Tensor = std::tuple<const char*, const void*, std::size_t>;
-  std::vector<Tensor> inputs = {{"q", call.q, bytes},     {"k", call.k, kv_bytes},
-                                {"v", call.v, kv_bytes},  {"o", call.o, bytes},
-                                {"d_o", call.d_o, bytes}, {"log_sum_exp", call.log_sum_exp, rows_bytes}};
+  std::vector<Tensor> inputs = {{"q", call.q, q_bytes},       {"k", call.k, kv_input_bytes},
+                                {"v", call.v, kv_input_bytes}, {"o", call.o, o_bytes},
+                                {"d_o", call.d_o, d_o_bytes}, {"log_sum_exp", call.log_sum_exp, rows_bytes}};
   if (call.key_padding_mask != nullptr) {
     inputs.emplace_back("key_padding_mask", call.key_padding_mask, mask_bytes);
   }
@@ -623,6 +657,9 @@ void launch_backward_call(const char* id, const attn_backward_args& call) {
        static_cast<__half*>(call.dq), static_cast<__half*>(call.dk), static_cast<__half*>(call.dv)},
       nullptr, static_cast<cudaStream_t>(call.stream), call.deterministic != 0, call.scale);
   args.key_padding_mask = static_cast<const uint8_t*>(call.key_padding_mask);
+  args.qkv_strides = qkv_strides;
+  args.o_strides = o_strides;
+  args.d_o_strides = d_o_strides;
   with_workspace(step, shape, device, call.workspace, call.workspace_bytes, query_cuda, call.stream,
                  {}, 0, [&](void* workspace) {
                    args.workspace = workspace;

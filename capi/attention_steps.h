@@ -211,13 +211,15 @@ int attn_launch(const char* id, const attn_launch_args* args, char* message,
                 size_t message_size);
 
 /* A backward step (is_backward): dQ, dK and dV from dO, given the forward's O and L (as a step
- * that writes_log_sum_exp wrote them). Contiguous tensors of `dtype` (fp16 unless set): Q, O, dO
- * and dQ [B, H, N, D], K, V, dK and dV [B, H, N_k, D], L fp32 [B, H, N]. dQ, dK and dV must not
- * overlap the inputs or each other. Zero it first; fields left zero mean what the comments of
- * attn_launch_args say (kv_tokens 0: as many as tokens; scale 0: 1/sqrt(head_dim); workspace
- * NULL: allocated stream-ordered). The forward's masks come back here: kv_tokens,
- * key_padding_mask and causal must be those the forward ran with (kv_tokens and
- * key_padding_mask: since ABI version 8). */
+ * that writes_log_sum_exp wrote them). Tensors of `dtype` (fp16 unless set): Q, O, dO and dQ
+ * [B, H, N, D], K, V, dK and dV [B, H, N_k, D], L fp32 [B, H, N]. Q, K, V, O and dO contiguous, or
+ * views (qkv_strides, o_strides, d_o_strides) for a step whose info has takes_strides; dQ, dK, dV
+ * and L always contiguous. dQ, dK and dV must not overlap the memory the inputs span or each
+ * other. Zero it first; fields left zero mean what the comments of attn_launch_args say
+ * (kv_tokens 0: as many as tokens; scale 0: 1/sqrt(head_dim); workspace NULL: allocated
+ * stream-ordered; strides zero: contiguous). The forward's masks come back here: kv_tokens,
+ * key_padding_mask and causal must be those the forward ran with (kv_tokens, key_padding_mask
+ * and the strides: since ABI version 8). */
 typedef struct attn_backward_args {
   const void* q;
   const void* k;
@@ -236,6 +238,15 @@ typedef struct attn_backward_args {
    * step whose info has takes_key_padding_mask (the others refuse it): a padded key gets
    * dK = dV = 0, and a row that saw no key (L = -inf) gets dQ = 0. */
   const void* key_padding_mask;
+  /* Strides of views, as attn_launch_args takes them, for a step whose info has takes_strides
+   * (the others refuse anything but contiguous tensors): Q, K and V share qkv_strides (as the
+   * forward read them from one packed projection; K and V with N_k rows), O has o_strides (as
+   * the forward wrote it), dO d_o_strides (as autograd hands it over). Each stride a multiple of
+   * 8 elements (16 bytes) and at least head_dim; all zero (or the contiguous strides) means
+   * contiguous [B, H, N, D]. */
+  attn_strides qkv_strides;
+  attn_strides o_strides;
+  attn_strides d_o_strides;
   double scale;
   void* workspace;
   size_t workspace_bytes;

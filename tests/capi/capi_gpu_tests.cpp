@@ -2,9 +2,12 @@
 // attn_run against the fp64 CPU reference at tail shapes for every head dim the step serves,
 // views, L (the log-sum-exp) where the step writes it, the caller's stream honoured, the
 // caller's workspace path, a launch captured into a CUDA graph, another scale, and misuse
-// (cross-attention and masks included) refused without a launch. The step runs from
-// libattention_steps.so only: this program links no step object, just the harness's inputs,
-// reference and check (attn_common).
+// (cross-attention and masks included) refused without a launch. A backward step
+// (capi_gpu_tests --step=v10) runs the suite "backward" instead: through attn_launch_backward on
+// views (Q, K, V from a packed projection, O and dO [B, N, H, D]; sequence-first cross-attention)
+// the bits it gives on contiguous tensors, or a refusal by a step without takes_strides. The step
+// runs from libattention_steps.so only: this program links no step object, just the harness's
+// inputs, reference and check (attn_common).
 // Without a CUDA device it says so and exits 77 (ctest: skipped); on a GPU the step cannot run
 // on, it checks that the library refuses the step there, then exits 77 with the reason.
 #define DOCTEST_CONFIG_IMPLEMENT
@@ -12,6 +15,9 @@
 
 #include <cuda_runtime.h>
 
+#include <cuda_bf16.h>
+
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -568,6 +574,282 @@ TEST_CASE("the caller's current device is used and left as it was") {
   CHECK(contains(answer.message, "current device is " + std::to_string(other)));
 }
 
+// ---------------------------------------------------------------------------------------------
+// Backward steps (capi.gpu.v9, capi.gpu.v10, capi.gpu.eager_backward): the test suite "backward",
+// the only one main() runs for them (and the one it leaves out for a forward step).
+
+namespace {
+
+// The bits of 16-bit values as the GPU takes them: fp16 as drawn, or bf16 (the values are drawn
+// in bf16 and held in fp16 containers, exactly: harness/inputs.hpp).
+std::vector<uint16_t> bits_of(const std::vector<__half>& values, attn::DType dtype) {
+  std::vector<uint16_t> bits(values.size());
+  for (std::size_t i = 0; i < values.size(); ++i) {
+    if (dtype == attn::DType::bf16) {
+      const __nv_bfloat16 value = __float2bfloat16(__half2float(values[i]));
+      std::memcpy(&bits[i], &value, 2);
+    } else {
+      std::memcpy(&bits[i], &values[i], 2);
+    }
+  }
+  return bits;
+}
+
+// Element strides between batches, heads and tokens of a view, as attn_strides.
+struct Layout {
+  int64_t batch, head, token;
+};
+
+// The rows of a contiguous [B, H, rows, D] tensor written into `to` at `offset` with `layout`.
+void scatter(std::vector<uint16_t>& to, int64_t offset, const std::vector<uint16_t>& from,
+             int64_t batch, int64_t heads, int64_t rows, int64_t head_dim, Layout layout) {
+  for (int64_t b = 0; b < batch; ++b)
+    for (int64_t h = 0; h < heads; ++h)
+      for (int64_t n = 0; n < rows; ++n)
+        std::memcpy(&to[std::size_t(offset + b * layout.batch + h * layout.head + n * layout.token)],
+                    &from[std::size_t(((b * heads + h) * rows + n) * head_dim)], std::size_t(head_dim) * 2);
+}
+
+attn::DeviceBuffer<uint16_t> upload_bits(const std::vector<uint16_t>& host) {
+  attn::DeviceBuffer<uint16_t> device(host.size());
+  CUDA_CHECK(cudaMemcpy(device.data(), host.data(), device.bytes(), cudaMemcpyHostToDevice));
+  return device;
+}
+
+std::vector<uint16_t> download_bits(const attn::DeviceBuffer<uint16_t>& device) {
+  std::vector<uint16_t> host(device.size());
+  CUDA_CHECK(cudaMemcpy(host.data(), device.data(), device.bytes(), cudaMemcpyDeviceToHost));
+  return host;
+}
+
+float value_of(uint16_t bits, attn::DType dtype) {
+  if (dtype == attn::DType::bf16) {
+    __nv_bfloat16_raw raw;
+    raw.x = bits;
+    return __bfloat162float(__nv_bfloat16(raw));
+  }
+  __half_raw raw;
+  raw.x = bits;
+  return __half2float(__half(raw));
+}
+
+// dQ, dK and dV of one backward call, poisoned with NaN (0xFFFF) before it.
+struct Gradients {
+  attn::DeviceBuffer<uint16_t> dq, dk, dv;
+  explicit Gradients(const attn::Shape& shape)
+      : dq(std::size_t(shape.elements())), dk(std::size_t(shape.kv_elements())),
+        dv(std::size_t(shape.kv_elements())) {
+    for (auto* buffer : {&dq, &dk, &dv}) CUDA_CHECK(cudaMemset(buffer->data(), 0xFF, buffer->bytes()));
+    CUDA_CHECK(cudaStreamSynchronize(cudaStreamLegacy));  // as in DeviceProblem
+  }
+};
+
+// Where the tensors of one backward call lie.
+struct BackwardTensors {
+  const void *q, *k, *v, *o, *d_o;
+  attn_strides qkv_strides, o_strides, d_o_strides;  // all zero: contiguous
+};
+
+Answer run_backward(const attn::Shape& shape, const BackwardTensors& tensors, const float* log_sum_exp,
+                    Gradients& gradients, bool deterministic, cudaStream_t stream) {
+  attn_backward_args call{};
+  call.q = tensors.q;
+  call.k = tensors.k;
+  call.v = tensors.v;
+  call.o = tensors.o;
+  call.d_o = tensors.d_o;
+  call.log_sum_exp = log_sum_exp;
+  call.dq = gradients.dq.data();
+  call.dk = gradients.dk.data();
+  call.dv = gradients.dv.data();
+  call.batch = shape.batch;
+  call.heads = shape.heads;
+  call.tokens = shape.tokens;
+  call.kv_tokens = shape.cross() ? shape.keys() : 0;
+  call.head_dim = shape.head_dim;
+  call.qkv_strides = tensors.qkv_strides;
+  call.o_strides = tensors.o_strides;
+  call.d_o_strides = tensors.d_o_strides;
+  call.stream = stream;
+  call.deterministic = deterministic ? 1 : 0;
+  call.dtype = shape.dtype == attn::DType::bf16 ? ATTN_DTYPE_BF16 : ATTN_DTYPE_FP16;
+  Answer answer;
+  char message[1024] = "";
+  answer.status = attn_launch_backward(step.id, &call, message, sizeof message);
+  answer.message = message;
+  CUDA_CHECK(cudaStreamSynchronize(stream));
+  return answer;
+}
+
+// How a layout of the inputs is made: Q, K and V from one packed projection [B, N, 3, H, D] (a
+// ViT block's), O and dO [B, N, H, D] (as the forward writes O for the out-projection, and as
+// autograd hands dO back through it); or sequence-first, DETR's: Q, O and dO [N, B, H, D], K and V
+// [N_k, B, H, D], one set of strides for all three inputs.
+enum class Views { packed, sequence_first };
+
+// The backward of `shape` through attn_launch_backward on contiguous tensors and on `views` of
+// the same values, both after the forward the library chooses wrote O and L. A step that takes
+// views gives the same bits (deterministic mode) or the same values within fp16's rounding of
+// dQ's sum (without it); a step that does not refuses the views, naming itself, and writes nothing.
+void check_backward_on_views(const attn::Shape& shape, Views views, const attn::Stream& stream) {
+  const int64_t B = shape.batch, H = shape.heads, N = shape.tokens, K = shape.keys(), D = shape.head_dim;
+  const int dtype = shape.dtype == attn::DType::bf16 ? ATTN_DTYPE_BF16 : ATTN_DTYPE_FP16;
+  attn_call forward_call{};
+  forward_call.batch = B;
+  forward_call.heads = H;
+  forward_call.tokens = N;
+  forward_call.kv_tokens = shape.cross() ? K : 0;
+  forward_call.head_dim = D;
+  forward_call.dtype = dtype;
+  char forward[32] = "", message[1024] = "";
+  if (attn_choose_step(&forward_call, forward, sizeof forward, message, sizeof message) != ATTN_OK) {
+    MESSAGE("skipped " << shape.str() << ": no forward step writes O and L for it here (" << message << ")");
+    return;
+  }
+  const attn::HostTensors inputs = attn::make_inputs(shape, 41);
+  const std::vector<uint16_t> q = bits_of(inputs.q, shape.dtype), k = bits_of(inputs.k, shape.dtype),
+                              v = bits_of(inputs.v, shape.dtype),
+                              d_o = bits_of(attn::make_output_gradient(shape, 41), shape.dtype);
+  const attn::DeviceBuffer<uint16_t> q_c = upload_bits(q), k_c = upload_bits(k), v_c = upload_bits(v),
+                                     d_o_c = upload_bits(d_o);
+  attn::DeviceBuffer<uint16_t> o_c(q.size());
+  attn::DeviceBuffer<float> log_sum_exp(std::size_t(shape.slices() * N));
+  attn_launch_args call{};
+  call.q = q_c.data();
+  call.k = k_c.data();
+  call.v = v_c.data();
+  call.o = o_c.data();
+  call.log_sum_exp = log_sum_exp.data();
+  call.batch = B;
+  call.heads = H;
+  call.tokens = N;
+  call.kv_tokens = forward_call.kv_tokens;
+  call.head_dim = D;
+  call.dtype = dtype;
+  call.stream = stream.get();
+  int status = attn_launch(forward, &call, message, sizeof message);
+  INFO("the forward, " << forward << ": " << message);
+  REQUIRE(status == ATTN_OK);
+  CUDA_CHECK(cudaStreamSynchronize(stream.get()));
+  const std::vector<uint16_t> o = download_bits(o_c);
+
+  // The same values where views put them.
+  Layout qkv_layout{}, o_layout{};
+  int64_t q_at = 0, k_at = 0, v_at = 0;
+  std::vector<uint16_t> qkv_host, o_host, d_o_host;
+  if (views == Views::packed) {
+    REQUIRE(!shape.cross());  // one projection: N_k = N
+    qkv_layout = {N * 3 * H * D, D, 3 * H * D};
+    o_layout = {N * H * D, D, H * D};
+    qkv_host.assign(std::size_t(3 * shape.elements()), 0);
+    k_at = H * D;
+    v_at = 2 * H * D;
+  } else {
+    qkv_layout = {H * D, D, B * H * D};
+    o_layout = {H * D, D, B * H * D};
+    // Q, then K and V, each its own [rows, B, H, D] block of one allocation.
+    qkv_host.assign(std::size_t(shape.elements() + 2 * shape.kv_elements()), 0);
+    k_at = shape.elements();
+    v_at = k_at + shape.kv_elements();
+  }
+  scatter(qkv_host, q_at, q, B, H, N, D, qkv_layout);
+  scatter(qkv_host, k_at, k, B, H, K, D, qkv_layout);
+  scatter(qkv_host, v_at, v, B, H, K, D, qkv_layout);
+  o_host.assign(o.size(), 0);
+  d_o_host.assign(d_o.size(), 0);
+  scatter(o_host, 0, o, B, H, N, D, o_layout);
+  scatter(d_o_host, 0, d_o, B, H, N, D, o_layout);
+  const attn::DeviceBuffer<uint16_t> qkv_v = upload_bits(qkv_host), o_v = upload_bits(o_host),
+                                     d_o_v = upload_bits(d_o_host);
+  const attn_strides qkv_strides{qkv_layout.batch, qkv_layout.head, qkv_layout.token},
+      o_strides{o_layout.batch, o_layout.head, o_layout.token};
+  const BackwardTensors contiguous{q_c.data(), k_c.data(), v_c.data(), o_c.data(), d_o_c.data(), {}, {}, {}};
+  const BackwardTensors strided{qkv_v.data() + q_at, qkv_v.data() + k_at, qkv_v.data() + v_at,
+                                o_v.data(), d_o_v.data(), qkv_strides, o_strides, o_strides};
+
+  for (const bool deterministic : {true, false}) {
+    CAPTURE(deterministic);
+    Gradients want(shape), got(shape);
+    const Answer plain = run_backward(shape, contiguous, log_sum_exp.data(), want, deterministic, stream.get());
+    INFO("the backward on contiguous tensors: " << plain.message);
+    REQUIRE(plain.status == ATTN_OK);
+    const Answer viewed = run_backward(shape, strided, log_sum_exp.data(), got, deterministic, stream.get());
+    INFO("the backward on views: " << viewed.message);
+    const char* names[] = {"dq", "dk", "dv"};
+    const attn::DeviceBuffer<uint16_t>* wanted[] = {&want.dq, &want.dk, &want.dv};
+    const attn::DeviceBuffer<uint16_t>* gotten[] = {&got.dq, &got.dk, &got.dv};
+    if (!step.takes_strides) {
+      CHECK(viewed.status == ATTN_REFUSED);
+      CHECK(contains(viewed.message, step.id));
+      CHECK(contains(viewed.message, "reads contiguous"));
+      for (const auto* buffer : gotten) {  // refused: nothing ran
+        const std::vector<uint16_t> bits = download_bits(*buffer);
+        CHECK(std::count(bits.begin(), bits.end(), uint16_t(0xFFFF)) == std::ptrdiff_t(bits.size()));
+      }
+      return;
+    }
+    REQUIRE(viewed.status == ATTN_OK);
+    for (int which = 0; which < 3; ++which) {
+      CAPTURE(names[which]);
+      const std::vector<uint16_t> a = download_bits(*wanted[which]), b = download_bits(*gotten[which]);
+      // Every element written, by the contiguous call too (no NaN poison left).
+      CHECK(std::count(a.begin(), a.end(), uint16_t(0xFFFF)) == 0);
+      std::size_t differ = 0, first = a.size();
+      float largest = 0.0f, worst = 0.0f;
+      for (std::size_t i = 0; i < a.size(); ++i) {
+        largest = std::max(largest, std::fabs(value_of(a[i], shape.dtype)));
+        if (a[i] == b[i]) continue;
+        ++differ;
+        if (first == a.size()) first = i;
+        worst = std::max(worst, std::fabs(value_of(a[i], shape.dtype) - value_of(b[i], shape.dtype)));
+      }
+      INFO(differ << " of " << a.size() << " elements differ (the first at " << first
+                  << "), by at most " << worst << " (largest value " << largest << ")");
+      if (deterministic) {
+        CHECK(differ == 0);  // the same bits: the views change where values lie, not the sums
+      } else {
+        const float u = shape.dtype == attn::DType::bf16 ? 0x1p-8f : 0x1p-11f;
+        CHECK(worst <= 8.0f * u * largest);  // dQ's sum in another order, nothing more
+      }
+    }
+  }
+}
+
+}  // namespace
+
+TEST_SUITE("backward") {
+  TEST_CASE("a backward on views: Q, K, V from one packed [B, N, 3, H, D], O and dO [B, N, H, D]: "
+            "the bits of the contiguous call, or a refusal by a step that reads contiguous tensors") {
+    const attn::Stream stream;
+    std::vector<attn::DType> dtypes = {attn::DType::fp16};
+    if (step.takes_bf16) dtypes.push_back(attn::DType::bf16);
+    for (const attn::DType dtype : dtypes) {
+      for (int head_dim : head_dims()) {
+        for (int64_t tokens : {int64_t(65), int64_t(197)}) {
+          const attn::Shape shape{2, 3, tokens, head_dim, dtype};
+          CAPTURE(shape.str());
+          if (check_shape(shape).status != ATTN_OK) continue;
+          check_backward_on_views(shape, Views::packed, stream);
+        }
+      }
+    }
+  }
+
+  TEST_CASE("a backward on sequence-first views (DETR's cross-attention): Q, O, dO [N, B, H, D], "
+            "K and V [N_k, B, H, D]") {
+    if (!step.takes_kv_tokens) return;  // capi_no_gpu checks the refusal of kv_tokens
+    const attn::Stream stream;
+    for (int head_dim : head_dims()) {
+      for (const auto& [tokens, kv_tokens] : {std::pair<int64_t, int64_t>{100, 1050}, {65, 17}}) {
+        const attn::Shape shape{2, 3, tokens, head_dim, attn::DType::fp16, kv_tokens};
+        CAPTURE(shape.str());
+        if (check_shape(shape).status != ATTN_OK) continue;
+        check_backward_on_views(shape, Views::sequence_first, stream);
+      }
+    }
+  }
+}
+
 int main(int argc, char** argv) {
   std::string id;
   std::vector<char*> doctest_args;
@@ -612,5 +894,7 @@ int main(int argc, char** argv) {
     return kSkipped;
   }
   doctest::Context context(int(doctest_args.size()), doctest_args.data());
+  // A backward step runs the suite "backward" alone (attn_launch_backward), a forward one the rest.
+  context.addFilter(step.is_backward ? "test-suite" : "test-suite-exclude", "backward");
   return context.run();
 }

@@ -103,6 +103,34 @@ static void backward_pointer_checks(void) {
     expect_answer(attn_launch_backward(id, &bad, message, sizeof message), ATTN_REFUSED, message,
                   "log_sum_exp is NULL", "a NULL L is refused");
   }
+  {
+    /* O as a view of 2 rows a token (3968 bytes from its first element to its last, 2 KB
+     * contiguous): dq right after O's contiguous 2 KB lies inside the view, and is refused by a
+     * step that takes views; one that does not refuses the view itself. */
+    attn_backward_args bad = args;
+    attn_step_info info;
+    int i, takes_strides = 0;
+    for (i = 0; i < attn_step_count(); ++i) {
+      if (attn_step_get(i, &info) == ATTN_OK && strcmp(info.id, id) == 0) takes_strides = info.takes_strides;
+    }
+    bad.o_strides.batch = bad.o_strides.head = 2 * N * D;
+    bad.o_strides.token = 2 * D;
+    bad.dq = memory + 28672 + 2048;
+    if (takes_strides) {
+      expect_answer(attn_launch_backward(id, &bad, message, sizeof message), ATTN_REFUSED, message,
+                    "dq overlaps o", "dq inside the memory a strided O spans is refused");
+      /* Q likewise: 2 rows a token, dq in the 2 KB between Q's contiguous end and K. */
+      bad = args;
+      bad.qkv_strides.batch = bad.qkv_strides.head = 2 * KEYS * D;
+      bad.qkv_strides.token = 2 * D;
+      bad.dq = memory + 2048;
+      expect_answer(attn_launch_backward(id, &bad, message, sizeof message), ATTN_REFUSED, message,
+                    "dq overlaps q", "dq inside the memory a strided Q spans is refused");
+    } else {
+      expect_answer(attn_launch_backward(id, &bad, message, sizeof message), ATTN_REFUSED, message,
+                    "reads contiguous", "a step without takes_strides refuses a strided O");
+    }
+  }
 }
 
 int main(void) {
@@ -234,6 +262,70 @@ int main(void) {
     snprintf(what, sizeof what, "%s: a negative kv_tokens is refused, naming it", info.id);
     expect_answer(attn_launch_backward(info.id, &backward, message, sizeof message), ATTN_REFUSED,
                   message, "kv_tokens -3", what);
+    backward.kv_tokens = 0;
+  }
+  /* The backward's views (attn_backward_args' strides, ABI version 8), judged as the forward's
+   * before anything asks the GPU: a backward step without takes_strides refuses them, naming
+   * itself and the views; one with it goes on to the next check (no CUDA device here, the NULL
+   * pointers on a GPU); a stride that breaks 16-byte alignment is refused by every step. Q, K, V
+   * from a packed [B, N, 3, H, D] projection, O and dO as [B, N, H, D]. */
+  for (i = 0; i < count; ++i) {
+    enum { H = 2, N = 64, D = 64 };
+    const attn_strides packed = {N * 3 * H * D, D, 3 * H * D}, sequence = {N * H * D, D, H * D},
+                       contiguous = {H * N * D, N * D, D}, odd = {N * 3 * H * D, D, 3 * H * D + 4};
+    attn_backward_args backward = {0};
+    char what[200];
+    int status;
+    if (attn_step_get(i, &info) != ATTN_OK || !info.is_backward) continue;
+    backward.batch = 2;
+    backward.heads = H;
+    backward.tokens = N;
+    backward.head_dim = D;
+    backward.qkv_strides = packed;
+    backward.o_strides = sequence;
+    status = attn_launch_backward(info.id, &backward, message, sizeof message);
+    if (!info.takes_strides) {
+      snprintf(what, sizeof what, "%s (takes_strides 0) refuses the backward's views, naming itself "
+               "and them", info.id);
+      expect_answer(status, ATTN_REFUSED, message, "reads contiguous", what);
+      expect(strstr(message, info.id) != NULL && strstr(message, "qkv_strides, o_strides") != NULL,
+             what, message);
+    } else {
+      snprintf(what, sizeof what, "%s (takes_strides 1) takes the backward's views", info.id);
+      expect(status != ATTN_OK && strstr(message, "contiguous") == NULL &&
+                 strstr(message, "strides") == NULL,
+             what, message);
+    }
+    backward.qkv_strides = contiguous; /* the contiguous strides given explicitly: no view */
+    backward.o_strides = contiguous;
+    backward.d_o_strides = sequence;
+    status = attn_launch_backward(info.id, &backward, message, sizeof message);
+    snprintf(what, sizeof what, "%s: dO alone as a view is %s", info.id,
+             info.takes_strides ? "taken" : "refused, naming d_o_strides");
+    if (!info.takes_strides) {
+      expect_answer(status, ATTN_REFUSED, message, "(d_o_strides describe views)", what);
+    } else {
+      expect(status != ATTN_OK && strstr(message, "strides") == NULL, what, message);
+    }
+    backward.d_o_strides = contiguous;
+    status = attn_launch_backward(info.id, &backward, message, sizeof message);
+    snprintf(what, sizeof what, "%s: the contiguous strides given explicitly are no views", info.id);
+    expect(status != ATTN_OK && strstr(message, "strides") == NULL, what, message);
+    backward.qkv_strides = odd;
+    snprintf(what, sizeof what, "%s: a qkv stride that breaks 16-byte alignment is refused", info.id);
+    expect_answer(attn_launch_backward(info.id, &backward, message, sizeof message), ATTN_REFUSED,
+                  message, "qkv strides", what);
+    expect(strstr(message, "multiple of 8") != NULL, what, message);
+    backward.qkv_strides = contiguous;
+    backward.d_o_strides = odd;
+    snprintf(what, sizeof what, "%s: so is a dO stride, naming d_o", info.id);
+    expect_answer(attn_launch_backward(info.id, &backward, message, sizeof message), ATTN_REFUSED,
+                  message, "d_o strides", what);
+    backward.d_o_strides = contiguous;
+    backward.o_strides.token = (int64_t)1 << 60;
+    snprintf(what, sizeof what, "%s: strides whose view spans more than 2^63 bytes are refused", info.id);
+    expect_answer(attn_launch_backward(info.id, &backward, message, sizeof message), ATTN_REFUSED,
+                  message, "2^63 bytes", what);
   }
   for (i = 0; i < count; ++i) { /* step 6 says it takes bf16; v0 says it does not */
     if (attn_step_get(i, &info) != ATTN_OK) continue;
