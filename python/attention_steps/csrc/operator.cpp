@@ -26,13 +26,17 @@
 //                      str step, float? scale=None, bool deterministic=False, str? causal=None,
 //                      Tensor? key_padding_mask=None) -> (Tensor dq, Tensor dk, Tensor dv)
 //
-// dQ is shaped like q, dK and dV like k and v ([B, H, N_k, D]), all contiguous.
+// dQ is shaped like q, dK and dV like k and v ([B, H, N_k, D]), all contiguous. A backward step
+// that takes views reads q, k, v, o and d_o where they lie, as the forward step read and wrote
+// them (no copy in the training path); for the others they are copied to contiguous tensors.
 #include <ATen/cuda/CUDAContext.h>
 #include <Python.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/autograd.h>
 #include <torch/library.h>
 
+#include <cstdint>
+#include <initializer_list>
 #include <limits>
 #include <mutex>
 #include <optional>
@@ -160,20 +164,22 @@ void check_tensor(const char* name, const at::Tensor& tensor, const at::Tensor& 
                     "device; ", name, " is on ", tensor.device(), ", q on ", q.device());
 }
 
-// The strides q, k and v share, for a step that reads views in place: rows of D contiguous,
+// The strides `tensors` share, for a step that reads views in place: rows of D contiguous,
 // 16-byte aligned, and for each of batch, head and token one stride for every tensor whose
 // dimension is longer than 1 (a dimension of size 1 has no meaningful stride: q of one token, the
-// batch of 1; where all three are of size 1, q's contiguous stride stands in), each a multiple of
-// 8 elements and at least D, as the C ABI takes them. Nothing when they do not share one.
-std::optional<attn_strides> shared_view_strides(const at::Tensor& q, const at::Tensor& k,
-                                                const at::Tensor& v) {
-  const at::Tensor* tensors[3] = {&q, &k, &v};
-  const int64_t head_dim = q.size(3);
+// batch of 1; where all are of size 1, the first tensor's contiguous stride stands in), each a
+// multiple of 8 elements and at least D, as the C ABI takes them. Nothing when they do not share
+// one. q, k and v share one set (the forward's and the backward's qkv_strides); O and dO in the
+// backward each have their own.
+std::optional<attn_strides> shared_view_strides(std::initializer_list<const at::Tensor*> tensors) {
+  const at::Tensor& first = **tensors.begin();
+  const int64_t head_dim = first.size(3);
   for (const at::Tensor* tensor : tensors) {
     if (tensor->stride(3) != 1 && head_dim > 1) return std::nullopt;
     if (reinterpret_cast<std::uintptr_t>(tensor->data_ptr()) % 16 != 0) return std::nullopt;
   }
-  const int64_t contiguous[3] = {q.size(1) * q.size(2) * head_dim, q.size(2) * head_dim, head_dim};
+  const int64_t contiguous[3] = {first.size(1) * first.size(2) * head_dim, first.size(2) * head_dim,
+                                 head_dim};
   int64_t shared[3];
   for (int dim = 0; dim < 3; ++dim) {
     std::optional<int64_t> stride;
@@ -268,7 +274,7 @@ std::tuple<at::Tensor, at::Tensor> attention_kernel(const at::Tensor& q, const a
   // Views in place for a step that takes them, when q, k and v share strides; contiguous
   // copies otherwise (no copy at all for tensors that already are).
   const std::optional<attn_strides> strides =
-      facts.takes_strides ? shared_view_strides(q, k, v) : std::nullopt;
+      facts.takes_strides ? shared_view_strides({&q, &k, &v}) : std::nullopt;
   const at::Tensor q_in = strides ? q : q.contiguous();
   const at::Tensor k_in = strides ? k : k.contiguous();
   const at::Tensor v_in = strides ? v : v.contiguous();
@@ -345,12 +351,26 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_kernel(
                     "with return_log_sum_exp=True");
   const c10::cuda::CUDAGuard device_guard(q.device());
   const at::Tensor padding = padding_bytes(key_padding_mask, q, k);
-  const at::Tensor q_in = q.contiguous(), k_in = k.contiguous(), v_in = v.contiguous(),
-                   o_in = o.contiguous(), d_o_in = d_o.contiguous(), lse_in = log_sum_exp.contiguous();
-  at::Tensor dq = at::empty_like(q_in), dk = at::empty_like(k_in), dv = at::empty_like(v_in);
+  // dQ, dK and dV contiguous, whatever the inputs' strides (empty_like would keep a view's).
+  at::Tensor dq = at::empty(q.sizes(), q.options()), dk = at::empty(k.sizes(), k.options()),
+             dv = at::empty(v.sizes(), v.options());
   if (q.numel() == 0 || k.numel() == 0) {  // nothing to compute: no row, or no key to see
     return {dq.zero_(), dk.zero_(), dv.zero_()};
   }
+  // A step that takes views reads the forward's where they lie (q, k and v sliced from a packed
+  // projection or a sequence-first one, O as the forward wrote it) and dO as autograd hands it
+  // over: q, k and v when they share strides, O and dO each when its own qualify. What does not
+  // qualify, and everything for a step that reads contiguous tensors only, is copied (no copy at
+  // all for tensors that already are contiguous).
+  const std::optional<attn_strides> qkv_strides =
+      facts.takes_strides ? shared_view_strides({&q, &k, &v}) : std::nullopt;
+  const std::optional<attn_strides> o_strides =
+      facts.takes_strides ? shared_view_strides({&o}) : std::nullopt;
+  const std::optional<attn_strides> d_o_strides =
+      facts.takes_strides ? shared_view_strides({&d_o}) : std::nullopt;
+  const at::Tensor q_in = qkv_strides ? q : q.contiguous(), k_in = qkv_strides ? k : k.contiguous(),
+                   v_in = qkv_strides ? v : v.contiguous(), o_in = o_strides ? o : o.contiguous(),
+                   d_o_in = d_o_strides ? d_o : d_o.contiguous(), lse_in = log_sum_exp.contiguous();
   attn_backward_args call{};
   call.q = q_in.data_ptr();
   call.k = k_in.data_ptr();
@@ -367,6 +387,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_kernel(
   call.head_dim = q.size(3);
   call.kv_tokens = k.size(2);
   call.key_padding_mask = padding.defined() ? padding.data_ptr() : nullptr;
+  if (qkv_strides) call.qkv_strides = *qkv_strides;
+  if (o_strides) call.o_strides = *o_strides;
+  if (d_o_strides) call.d_o_strides = *d_o_strides;
   call.scale = scale.value_or(0.0);
   call.stream = at::cuda::getCurrentCUDAStream(q.get_device()).stream();
   call.pointers_checked_by_caller = 1;
