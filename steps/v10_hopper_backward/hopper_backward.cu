@@ -149,6 +149,16 @@ __host__ __device__ constexpr int64_t dq_sum_offset(int64_t slice, int row_tiles
                                                     int consumer) {
   return ((slice * row_tiles + row_tile) * T::kConsumers + consumer) * (64 * T::kDqColumns);
 }
+// Whether 4-float piece `piece` of the sum (counted from its start) holds columns below D. Where
+// the tile pads D (80 and 96 in 128 columns), the others are padding that nothing reads: the
+// first kernel leaves them unzeroed and the last one unread, 3/8 of the sum's bytes at D = 80.
+template <typename T>
+__host__ __device__ constexpr bool holds_head_dim(int64_t piece) {
+  if (T::kTileColumns == T::kHeadDim) return true;
+  constexpr int kSharePieces = 64 * T::kDqColumns / 4;
+  const int consumer = int(piece / kSharePieces % T::kConsumers);
+  return T::dq_column0(consumer) + 8 * int(piece % kSharePieces / 128) < T::kHeadDim;
+}
 // Where chunk j of thread t's share lies in dQ: 8-column block j of rows `row` and row + 8,
 // columns `column` and + 1 (ptx.cuh's accumulator layout).
 struct DqPlace {
@@ -186,8 +196,9 @@ __device__ __forceinline__ void write_dq_chunk(Element* __restrict__ slice_dq, D
 // every Q tile's values one aligned 256-byte bulk copy. A row that sees no key (every key
 // padded, or above a bottom-right diagonal) has L = -inf and O = 0: it gets L log2(e) = +inf, so
 // its P = exp2(S^T scale log2(e) - inf) = 0 and D = 0, and it adds nothing anywhere. The same
-// lanes zero the row's share of the dQ sum (a float per tile column), which the
-// main kernel adds into: one pass over memory instead of a memset of its own before this one; and
+// lanes zero as much of the dQ sum as the row has tile columns (the sum is laid out by threads,
+// not rows, but it is as large), but for the pieces of padding columns (holds_head_dim); the
+// main kernel adds into it: one pass over memory instead of a memset of its own before this one; and
 // dQ itself for the first `unseen_rows` rows of each slice, which no block visits (rows i with
 // i + diagonal < 0: no other pass writes them in the deterministic mode).
 template <typename T, typename Element>
@@ -227,8 +238,11 @@ __global__ void row_vectors_kernel(const Element* __restrict__ o, const Element*
   }
   if (!in_workspace) return;
   if (column < kTileColumns) {
-    float4* zeros = reinterpret_cast<float4*>(dq_sum + padded_row * kTileColumns + column);
-    zeros[0] = zeros[1] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    const int64_t piece = (padded_row * kTileColumns + column) / 4;  // this lane zeroes two
+    float4* zeros = reinterpret_cast<float4*>(dq_sum) + piece;
+    for (int k = 0; k < 2; ++k) {
+      if (holds_head_dim<T>(piece + k)) zeros[k] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
   }
   if (token < unseen_rows && column < kHeadDim) {
     *reinterpret_cast<uint4*>(dq + (slice * tokens + token) * kHeadDim + column) = make_uint4(0, 0, 0, 0);
@@ -707,7 +721,7 @@ template <typename T, typename Element>
 __global__ void dq_convert_kernel(const float* __restrict__ dq_sum, Element* __restrict__ dq,
                                   int64_t chunks, int tokens, int row_tiles, float scale) {
   const int64_t chunk = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (chunk >= chunks) return;
+  if (chunk >= chunks || !holds_head_dim<T>(chunk)) return;
   constexpr int kShareChunks = 64 * T::kDqColumns / 4;  // a consumer's share of a Q tile
   const int64_t share = chunk / kShareChunks;
   const int within = int(chunk % kShareChunks);
