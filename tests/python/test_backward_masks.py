@@ -21,26 +21,18 @@ operator) or with pytest:
     PYTHONPATH=python ATTENTION_STEPS_LIBRARY=build/libattention_steps.so \\
         python3 -m pytest -v tests/python/test_backward_masks.py
 """
-import sys
 import unittest
 
-SKIP_REASON = None
-try:
+import torch_gpu
+
+SKIP_REASON = torch_gpu.skip_reason("the backward's cross-attention and mask tests")
+if SKIP_REASON is None:
     import torch
     import torch.nn.functional as F
-except ImportError as error:
-    SKIP_REASON = f"{error}; the backward's cross-attention and mask tests did not run"
-else:
-    if not torch.cuda.is_available():
-        SKIP_REASON = (f"torch {torch.__version__} sees no CUDA device; the backward's "
-                       "cross-attention and mask tests did not run")
-if SKIP_REASON is None:
+
     import attention_steps as steps
     from attention_steps import choice, torch_op
-    try:
-        attention_op = torch_op.load()
-    except ImportError as error:
-        SKIP_REASON = str(error)
+    attention_op = torch_op.load()
 
 
 def setUpModule():
@@ -266,8 +258,4 @@ class BesidesTheNumbers(Case):
 
 
 if __name__ == "__main__":
-    if SKIP_REASON is not None:
-        print(f"SKIPPED: {SKIP_REASON}")
-        sys.exit(77)
-    result = unittest.main(exit=False, verbosity=2).result
-    sys.exit(0 if result.wasSuccessful() and result.testsRun > len(result.skipped) else 1)
+    torch_gpu.main(SKIP_REASON)

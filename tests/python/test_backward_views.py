@@ -22,26 +22,18 @@ Run with python3 (exit 77, ctest's skipped, without torch, a GPU or the operator
     PYTHONPATH=python ATTENTION_STEPS_LIBRARY=build/libattention_steps.so \\
         python3 -m pytest -v tests/python/test_backward_views.py
 """
-import sys
 import unittest
 
-SKIP_REASON = None
-try:
-    import torch
-except ImportError as error:
-    SKIP_REASON = f"{error}; the backward's view tests did not run"
-else:
-    if not torch.cuda.is_available():
-        SKIP_REASON = (f"torch {torch.__version__} sees no CUDA device; the backward's view tests "
-                       "did not run")
+import torch_gpu
+
+SKIP_REASON = torch_gpu.skip_reason("the backward's view tests")
 if SKIP_REASON is None:
+    import torch
+
     import attention_steps as steps
     from attention_steps import choice, torch_op
     from attention_steps._capi import StepRefused
-    try:
-        attention_op = torch_op.load()
-    except ImportError as error:
-        SKIP_REASON = str(error)
+    attention_op = torch_op.load()
 
 
 def setUpModule():
@@ -336,8 +328,4 @@ class NoCopies(unittest.TestCase):
 
 
 if __name__ == "__main__":
-    if SKIP_REASON is not None:
-        print(f"SKIPPED: {SKIP_REASON}")
-        sys.exit(77)
-    result = unittest.main(exit=False, verbosity=2).result
-    sys.exit(0 if result.wasSuccessful() and result.testsRun > len(result.skipped) else 1)
+    torch_gpu.main(SKIP_REASON)

@@ -34,24 +34,15 @@ Run with python3 (exit 77, ctest's skipped, without torch, a GPU or the operator
 import contextlib
 import importlib.util
 import pathlib
-import sys
 import unittest
 
-SKIP_REASON = None
-try:
-    import torch
-except ImportError as error:
-    SKIP_REASON = f"{error}; the models' training tests did not run"
-else:
-    if not torch.cuda.is_available():
-        SKIP_REASON = (f"torch {torch.__version__} sees no CUDA device; the models' training "
-                       "tests did not run")
+import torch_gpu
+
+SKIP_REASON = torch_gpu.skip_reason("the models' training tests")
 if SKIP_REASON is None:
-    from attention_steps import sdpa, torch_op
-    try:
-        torch_op.load()
-    except ImportError as error:
-        SKIP_REASON = str(error)
+    import torch
+
+    from attention_steps import sdpa
 
 REPOSITORY = pathlib.Path(__file__).resolve().parents[2]
 _spec = importlib.util.spec_from_file_location("train_models",
@@ -177,8 +168,4 @@ class TrainingStep(unittest.TestCase):
         self.assertEqual(len(unmasked), 6)
 
 if __name__ == "__main__":
-    if SKIP_REASON is not None:
-        print(f"SKIPPED: {SKIP_REASON}")
-        sys.exit(77)
-    result = unittest.main(exit=False, verbosity=2).result
-    sys.exit(0 if result.wasSuccessful() and result.testsRun > len(result.skipped) else 1)
+    torch_gpu.main(SKIP_REASON)

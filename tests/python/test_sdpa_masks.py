@@ -30,25 +30,16 @@ Run with python3 (exit 77, ctest's skipped, without torch, a GPU or the operator
 """
 import contextlib
 import io
-import sys
 import unittest
 
-SKIP_REASON = None
-try:
+import torch_gpu
+
+SKIP_REASON = torch_gpu.skip_reason("the SDPA entry's mask and cross-attention tests")
+if SKIP_REASON is None:
     import torch
     from torch.nn.attention import SDPBackend, sdpa_kernel
-except ImportError as error:
-    SKIP_REASON = f"{error}; the SDPA entry's mask and cross-attention tests did not run"
-else:
-    if not torch.cuda.is_available():
-        SKIP_REASON = (f"torch {torch.__version__} sees no CUDA device; the SDPA entry's mask and "
-                       "cross-attention tests did not run")
-if SKIP_REASON is None:
-    from attention_steps import choice, sdpa, torch_op
-    try:
-        torch_op.load()
-    except ImportError as error:
-        SKIP_REASON = str(error)
+
+    from attention_steps import choice, sdpa
 
 
 def setUpModule():
@@ -367,8 +358,4 @@ class NoDeviceSync(Case):
 
 
 if __name__ == "__main__":
-    if SKIP_REASON is not None:
-        print(f"SKIPPED: {SKIP_REASON}")
-        sys.exit(77)
-    result = unittest.main(exit=False, verbosity=2).result
-    sys.exit(0 if result.wasSuccessful() and result.testsRun > len(result.skipped) else 1)
+    torch_gpu.main(SKIP_REASON)
