@@ -5,6 +5,9 @@ cuDNN), in one process, on the GPU, fp16 or bf16 [B, H, N, D]:
   v9        torch.ops.attention_steps.attention_backward (D = rowsum(dO o O), the kernel, dQ's
             conversion), after the forward (v6, with L) ran once outside the timing
   v10       the same call with step v10, the Hopper backward (on an H100 only), on the same O and L
+  v10_views the same call on the same values where training leaves them: Q, K and V views of one
+            [B, N, 3, H, D] projection, O and dO [B, N, H, D] (the out-projection's layout); its
+            note gives its time over v10's on contiguous tensors
   eager     the same call with the library's cuBLAS eager backward (eager_backward: P and dS
             materialised, N x N, five GEMMs), on the same O and L
   flash     torch.autograd.grad of F.scaled_dot_product_attention under SDPBackend.FLASH_ATTENTION
@@ -255,6 +258,12 @@ def main(argv=None):
         def v10():
             return backward(d_o, q, k, v, o, lse, "v10", None, False, causal)
 
+        q_view, k_view, v_view = packed_views(torch, q, k, v)
+        o_view, d_o_view = (token_major_view(t) for t in (o, d_o))
+
+        def v10_views():
+            return backward(d_o_view, q_view, k_view, v_view, o_view, lse, "v10", None, False, causal)
+
         def eager():
             return backward(d_o, q, k, v, o, lse, "eager_backward")
 
@@ -269,14 +278,15 @@ def main(argv=None):
             return run
 
         hopper = torch.cuda.get_device_capability() == (9, 0)  # v10 runs there alone
-        calls = {**({"v9": v9} if not args.causal else {}), **({"v10": v10} if hopper else {}),
+        calls = {**({"v9": v9} if not args.causal else {}),
+                 **({"v10": v10, "v10_views": v10_views} if hopper else {}),
                  **({"eager": eager} if args.dtype == "fp16" and not args.causal else {}),
                  "flash": sdpa_backward(SDPBackend.FLASH_ATTENTION),
                  "cudnn": sdpa_backward(SDPBackend.CUDNN_ATTENTION)}
         # The check: the library's two against SDPA's math backend in fp32.
         want = math_gradients(torch, F, sdpa_kernel, SDPBackend, q, k, v, d_o, args.causal)
         errors = {name: relative_errors(calls[name](), want)
-                  for name in ("v9", "v10", "eager") if name in calls}
+                  for name in ("v9", "v10", "v10_views", "eager") if name in calls}
         measuring.warm_up(torch, list(calls.values()), args.warm_s)
         windows = measuring.rotated_windows(torch, calls, args.windows, args.calls)
         medians = {name: statistics.median(values) for name, values in windows.items()}
@@ -291,6 +301,9 @@ def main(argv=None):
                    "vs_cudnn": f"{medians[name] / medians['cudnn']:.3f}",
                    "note": ("dQ, dK, dV relative error vs fp32 math: " +
                             ", ".join(f"{e:.2e}" for e in errors[name])) if name in errors else ""}
+            if name == "v10_views":
+                row["note"] = (f"{medians[name] / medians['v10']:.3f} of v10's time on contiguous "
+                               f"tensors; {row['note']}")
             if args.dtype == "bf16":
                 row["dtype"] = "bf16"
             writer.writerow(row)
@@ -300,6 +313,19 @@ def main(argv=None):
         calls = leaves = None  # (not del: the closures above name leaves)
         torch.cuda.empty_cache()
     return 0
+
+
+def packed_views(torch, q, k, v):
+    """The values of q, k and v ([B, H, N, D]) as views of one [B, N, 3, H, D] tensor, as a
+    packed projection leaves them: [B, H, N, D] views sharing one set of strides."""
+    packed = torch.stack([t.transpose(1, 2) for t in (q, k, v)], dim=2)
+    return tuple(packed[:, :, i].transpose(1, 2) for i in range(3))
+
+
+def token_major_view(t):
+    """The values of t ([B, H, N, D]) as a view of [B, N, H, D] memory, as step 8 writes O and
+    the out-projection's gradient hands dO over."""
+    return t.transpose(1, 2).contiguous().transpose(1, 2)
 
 
 def math_gradients(torch, F, sdpa_kernel, SDPBackend, q, k, v, d_o, causal, attn_mask=None):

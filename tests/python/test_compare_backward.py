@@ -2,9 +2,9 @@
 """scripts/compare_backward.py without a GPU: its argument parsing (shapes with N_k and a
 key-padding mask, the defaults, the refusals), the masks it makes ("detr" and a fraction), and the
 rows of --training (numbers where an implementation ran, the reason where it refused), with the
-standard library only; and, where torch imports, --training's whole loop on the CPU with
-stand-ins for the GPU (the steps' operator, SDPA's backends, the timing), FlashAttention-2
-refusing a mask as it does.
+standard library only; and, where torch imports, the views of the v10_views row and
+--training's whole loop on the CPU with stand-ins for the GPU (the steps' operator, SDPA's
+backends, the timing), FlashAttention-2 refusing a mask as it does.
 
     PYTHONPATH=python python3 tests/python/test_compare_backward.py
 """
@@ -172,6 +172,22 @@ class Rows(unittest.TestCase):
                          "No available kernel. Aborting execution.; Flash attention does not "
                          "support non-null attn_mask.")
         self.assertEqual(script.refusal_reason(NotImplementedError(""), []), "NotImplementedError")
+
+
+@unittest.skipIf(torch is None, "torch does not import: the v10_views row's tensors are not made")
+class Views(unittest.TestCase):
+    """The tensors of the v10_views row: the same values, laid out as training leaves them."""
+
+    def test_packed_projection_and_token_major_views(self):
+        q, k, v, o = (torch.randn(2, 3, 5, 8) for _ in range(4))
+        views = script.packed_views(torch, q, k, v)
+        for view, tensor in zip(views, (q, k, v)):
+            self.assertTrue(torch.equal(view, tensor))
+            self.assertEqual(view.stride(), (5 * 3 * 3 * 8, 8, 3 * 3 * 8, 1))  # [B, N, 3, H, D]
+        self.assertEqual(views[0].data_ptr() + 3 * 8 * views[0].element_size(), views[1].data_ptr())
+        o_view = script.token_major_view(o)
+        self.assertTrue(torch.equal(o_view, o))
+        self.assertEqual(o_view.stride(), (5 * 3 * 8, 8, 3 * 8, 1))  # [B, N, H, D]
 
 
 @unittest.skipIf(torch is None, "torch does not import: --training's loop is not run")
