@@ -160,9 +160,18 @@ with_operator() {
 
 stage_torch() {
   with_operator || return $?
-  echo "## the operator's tests (tests/python/test_torch_op.py, test_torch_bridge.py --gpu)"
-  local rc=0
-  for test in test_torch_op.py "test_torch_bridge.py --gpu"; do
+  echo "## the operator's tests (tests/python/: test_torch_op.py, test_torch_bridge.py --gpu, the"
+  echo "## backward's masks and views, SDPA's masks, the models' training steps)"
+  local rc=0 tests=(test_torch_op.py "test_torch_bridge.py --gpu" test_backward_masks.py
+                    test_backward_views.py test_sdpa_masks.py)
+  # One training step of timm's and transformers' models: where neither package is installed
+  # every test of it skips, and a suite none of whose tests ran fails.
+  if "$PYTHON" -c "import timm" 2> /dev/null || "$PYTHON" -c "import transformers" 2> /dev/null; then
+    tests+=(test_models_training.py)
+  else
+    echo "test_models_training.py skipped: neither timm nor transformers imports"
+  fi
+  for test in "${tests[@]}"; do
     # shellcheck disable=SC2086  # the test's arguments
     PYTHONPATH="$site" timeout "$(limit 240)" "$PYTHON" -X faulthandler tests/python/$test \
       >> "$OUTDIR/torch_op_tests.log" 2>&1 || { echo "$test FAILED"; rc=1; }
