@@ -80,6 +80,12 @@ bool takes(const Shape& shape) {
          (shape.causal == attn::Causal::none || step.takes_causal);
 }
 
+// `shape` with the key-padding mask (inputs.cpp's pattern).
+Shape with_key_padding(Shape shape) {
+  shape.key_padding = true;
+  return shape;
+}
+
 // A case for a feature the step does not take: its refusal of `shape` names `flag` (the check),
 // and the case says that it ran no gradients, so that nothing unrun reads as a pass.
 void expect_refusal(const Shape& shape, const std::string& flag) {
@@ -343,9 +349,7 @@ TEST_SUITE("backward") {
   TEST_CASE("key-padding mask, where the step takes it: padded keys get dK = dV = 0, alone and with causal") {
     const attn::StepInfo& step = step_under_test();
     if (!step.takes_key_padding_mask) {
-      Shape padded{1, 1, 64, 64};
-      padded.key_padding = true;
-      expect_refusal(padded, "--key-padding");
+      expect_refusal(with_key_padding(Shape{1, 1, 64, 64}), "--key-padding");
       return;
     }
     // inputs.cpp's mask: each batch element keeps a different rectangle of a sqrt(N_k)-wide
@@ -434,9 +438,7 @@ TEST_SUITE("backward") {
   TEST_CASE("a batch element whose keys are all padding: its dQ, dK and dV are 0, never NaN") {
     const attn::StepInfo& step = step_under_test();
     if (!step.takes_key_padding_mask) {
-      Shape padded{1, 1, 64, 64};
-      padded.key_padding = true;
-      expect_refusal(padded, "--key-padding");
+      expect_refusal(with_key_padding(Shape{1, 1, 64, 64}), "--key-padding");
       return;
     }
     for (attn::DType dtype : step.dtypes) {
@@ -475,9 +477,8 @@ TEST_SUITE("backward") {
   TEST_CASE("deterministic mode on cross-attention with the key-padding mask: checked, and the same bits run to run") {
     const attn::StepInfo& step = step_under_test();
     if (!step.takes_kv_tokens || !step.takes_key_padding_mask) {
-      Shape shape{1, 1, 64, 64, attn::DType::fp16, 65};
-      shape.key_padding = true;
-      expect_refusal(shape, step.takes_key_padding_mask ? "--kv-tokens" : "--key-padding");
+      expect_refusal(with_key_padding(Shape{1, 1, 64, 64, attn::DType::fp16, 65}),
+                     step.takes_key_padding_mask ? "--kv-tokens" : "--key-padding");
       return;
     }
     if (!step.has_deterministic_mode) {

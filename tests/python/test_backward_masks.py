@@ -24,6 +24,7 @@ operator) or with pytest:
 import unittest
 
 import torch_gpu
+from torch_gpu import per_head_dim, torch_dtype
 
 SKIP_REASON = torch_gpu.skip_reason("the backward's cross-attention and mask tests")
 if SKIP_REASON is None:
@@ -46,10 +47,6 @@ UNIT_ROUNDOFF = {"fp16": 2.0 ** -11, "bf16": 2.0 ** -8}  # harness/check.hpp
 # (N, N_k): more keys than queries, fewer, DETR's decoder, tails of the tiles.
 CROSS_SHAPES = ((65, 130), (130, 17), (100, 1050), (1, 65), (17, 1))
 MASKED_SHAPES = ((65, 65), (100, 1050), (17, 130), (130, 17))
-
-
-def torch_dtype(name):
-    return {"fp16": torch.float16, "bf16": torch.bfloat16}[name]
 
 
 def served(head_dim, dtype, *, masked=False, cross=False):
@@ -126,6 +123,7 @@ class Case(unittest.TestCase):
         return q, k, v, d_o, torch.autograd.grad(out, (q, k, v), d_o)
 
 
+@per_head_dim(HEAD_DIMS)
 class CrossAttention(Case):
     def check(self, head_dim):
         ran = False
@@ -143,6 +141,7 @@ class CrossAttention(Case):
             self.skip_unless_served(head_dim, "fp16", cross=True)
 
 
+@per_head_dim(HEAD_DIMS)
 class KeyPaddingMask(Case):
     def check(self, head_dim):
         ran = False
@@ -174,21 +173,6 @@ class KeyPaddingMask(Case):
                     self.assertTrue(torch.equal(dv[1][:, padded], torch.zeros_like(dv[1][:, padded])))
         if not ran:
             self.skip_unless_served(head_dim, "fp16", masked=True)
-
-
-def _per_head_dim(cls):
-    """One test method per head dim, test_d32, test_d64, ...: each skips or fails on its own."""
-    for head_dim in HEAD_DIMS:
-        def test(self, head_dim=head_dim):
-            self.check(head_dim)
-        test.__name__ = f"test_d{head_dim}"
-        test.__doc__ = f"{cls.__name__} at head dim {head_dim}"
-        setattr(cls, test.__name__, test)
-    return cls
-
-
-_per_head_dim(CrossAttention)
-_per_head_dim(KeyPaddingMask)
 
 
 class BesidesTheNumbers(Case):

@@ -25,6 +25,7 @@ Run with python3 (exit 77, ctest's skipped, without torch, a GPU or the operator
 import unittest
 
 import torch_gpu
+from torch_gpu import torch_dtype
 
 SKIP_REASON = torch_gpu.skip_reason("the backward's view tests")
 if SKIP_REASON is None:
@@ -44,10 +45,6 @@ def setUpModule():
 HEAD_DIMS = (32, 64, 80, 96, 128)
 UNIT_ROUNDOFF = {"fp16": 2.0 ** -11, "bf16": 2.0 ** -8}  # harness/check.hpp
 COPY_OPS = ("aten::copy_", "aten::contiguous", "aten::clone", "aten::_to_copy")
-
-
-def torch_dtype(name):
-    return {"fp16": torch.float16, "bf16": torch.bfloat16}[name]
 
 
 def forward_step(head_dim, dtype="fp16", cross=False):

@@ -33,6 +33,7 @@ import io
 import unittest
 
 import torch_gpu
+from torch_gpu import per_head_dim, torch_dtype
 
 SKIP_REASON = torch_gpu.skip_reason("the SDPA entry's mask and cross-attention tests")
 if SKIP_REASON is None:
@@ -55,10 +56,6 @@ UNIT_ROUNDOFF = {"fp16": 2.0 ** -11, "bf16": 2.0 ** -8}  # harness/check.hpp
 # not sdpa.py's routing: a call with one of them is skipped, not failed.
 LIBRARY_LIMITS = ("head_dim", "gradient", "cross", "padding", "causal", "tokens")
 BATCH, HEADS = 2, 3
-
-
-def torch_dtype(name):
-    return {"fp16": torch.float16, "bf16": torch.bfloat16}[name]
 
 
 def attending_rows(batch, kv_tokens):
@@ -159,6 +156,7 @@ class Case(unittest.TestCase):
                 self.assertLessEqual(error.abs().max().item(), 8 * u * max(floor, w.abs().max().item()))
 
 
+@per_head_dim(HEAD_DIMS)
 class Served(Case):
     def check(self, head_dim):
         ran, limits = 0, []
@@ -188,20 +186,6 @@ class Served(Case):
         if not ran:
             self.skipTest(f"head dim {head_dim}: the library serves none of these calls here "
                           f"({limits[0] if limits else 'no reason'})")
-
-
-def _per_head_dim(cls):
-    """One test method per head dim, test_d32, test_d64, ...: each skips or fails on its own."""
-    for head_dim in HEAD_DIMS:
-        def test(self, head_dim=head_dim):
-            self.check(head_dim)
-        test.__name__ = f"test_d{head_dim}"
-        test.__doc__ = f"{cls.__name__} at head dim {head_dim}"
-        setattr(cls, test.__name__, test)
-    return cls
-
-
-_per_head_dim(Served)
 
 
 class EveryKeyPadded(Case):

@@ -7,7 +7,7 @@ CUDA device, and the operator is built and loads. A suite asks once, at import:
 
 raises unittest.SkipTest(SKIP_REASON) in setUpModule (for pytest), and ends with
 torch_gpu.main(SKIP_REASON): exit 77, which ctest counts as skipped, with the reason, or the
-tests, failing when none of them ran.
+tests, failing when none of them ran. torch_dtype and per_head_dim are the suites' shared helpers.
 """
 import sys
 import unittest
@@ -28,6 +28,26 @@ def skip_reason(what):
     except ImportError as error:
         return str(error)
     return None
+
+
+def torch_dtype(name):
+    """"fp16" or "bf16" as torch's dtype."""
+    import torch
+    return {"fp16": torch.float16, "bf16": torch.bfloat16}[name]
+
+
+def per_head_dim(head_dims):
+    """A class decorator: one test method per head dim, test_d32, test_d64, ..., each calling
+    self.check(head_dim), so that each passes, fails or skips on its own."""
+    def decorate(cls):
+        for head_dim in head_dims:
+            def test(self, head_dim=head_dim):
+                self.check(head_dim)
+            test.__name__ = f"test_d{head_dim}"
+            test.__doc__ = f"{cls.__name__} at head dim {head_dim}"
+            setattr(cls, test.__name__, test)
+        return cls
+    return decorate
 
 
 def main(reason):
