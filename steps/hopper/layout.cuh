@@ -38,6 +38,16 @@ __host__ __device__ constexpr int row_bytes(Swizzle swizzle) {
 __host__ __device__ constexpr int row_columns(Swizzle swizzle) {
   return row_bytes(swizzle) / int(sizeof(__half));
 }
+// How a tile of D columns is stored: head dims that are multiples of 64 in 128-byte blocks of 64
+// columns, the others (32, 80, 96) in 64-byte blocks of 32, the tile padded to whole blocks (at
+// D = 80 to 96 columns, the 16 past D filled with zeros by TMA).
+__host__ __device__ constexpr Swizzle head_dim_swizzle(int head_dim) {
+  return head_dim % 64 == 0 ? Swizzle::bytes128 : Swizzle::bytes64;
+}
+__host__ __device__ constexpr int tile_columns(int head_dim) {
+  const int block = row_columns(head_dim_swizzle(head_dim));
+  return (head_dim + block - 1) / block * block;
+}
 // The tensor map's name for the same swizzle (the host builds maps with it).
 constexpr CUtensorMapSwizzle tensor_map_swizzle(Swizzle swizzle) {
   return swizzle == Swizzle::bytes128  ? CU_TENSOR_MAP_SWIZZLE_128B

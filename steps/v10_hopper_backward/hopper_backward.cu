@@ -59,12 +59,7 @@ constexpr int kCausalGroupSlices = 4;
 
 // ---- Tile geometry and shared memory --------------------------------------------------------
 
-// The columns a tile holds at head dim D: D rounded up to whole swizzle blocks (below).
-constexpr int tile_columns(int head_dim) {
-  return head_dim % 64 == 0 ? head_dim : (head_dim + 31) / 32 * 32;
-}
-
-template <int kHeadDim_, int kBlockM_, int kStages_, int kTileColumns_ = tile_columns(kHeadDim_)>
+template <int kHeadDim_, int kBlockM_, int kStages_, int kTileColumns_ = hopper::tile_columns(kHeadDim_)>
 struct Tiles {
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kConsumers = 2;                     // consumer warpgroups, 64 keys each
@@ -73,12 +68,11 @@ struct Tiles {
   static constexpr int kBlockM = kBlockM_;                 // query rows per Q tile: 64 or 128
   static constexpr int kStages = kStages_;                 // Q (and dO) tiles in flight
   static constexpr int kDsBuffers = 2;  // dS^T: a consumer writes the next one while the other reads
-  // Q, K, V and dO as v8 keeps them: head dims that are multiples of 64 in 64-column blocks with
-  // the 128-byte swizzle, the others (32, 80, 96) in 32-column blocks with the 64-byte one, each
-  // tile padded to whole blocks: D = 80 to 96 columns, the 16 past D zeros from TMA, which add 0
-  // to S^T and dP^T and give dQ, dK and dV columns that are never written. A tile table entry may
-  // pad further, to a multiple of 64 (D = 96 as the D = 128 tiles). dS^T, whose columns are the
-  // Q tile's rows, keeps the 128-byte swizzle at every D.
+  // Q, K, V and dO as v8 keeps them (hopper::tile_columns: swizzle blocks of 64 or 32 columns,
+  // the tile padded to whole blocks); the zeros past D add 0 to S^T and dP^T and give dQ, dK and
+  // dV columns that are never written. A tile table entry may pad further, to a multiple of 64
+  // (D = 80 and 96 in the D = 128 tiles). dS^T, whose columns are the Q tile's rows, keeps the
+  // 128-byte swizzle at every D.
   static constexpr int kTileColumns = kTileColumns_;
   static constexpr hopper::Swizzle kSwizzle =
       kTileColumns % 64 == 0 ? hopper::Swizzle::bytes128 : hopper::Swizzle::bytes64;

@@ -66,14 +66,12 @@ using Scheduler = policies::PersistentScheduler<T::kBlockM, kCausal>;
 template <int kHeadDim_, int kBlockN_, int kStages_, int kQBuffers_, int kConsumers_ = 2>
 struct Tiles {
   static constexpr int kHeadDim = kHeadDim_;
-  // Head dims that are multiples of 64 are tiled in 128-byte swizzle blocks of 64 columns; the
-  // others (32, 80, 96) in 64-byte blocks of 32 columns, each tile padded to whole blocks: at
-  // D = 80 to 96 columns, the 16 past D filled with zeros by TMA (they add 0 to S = Q K^T, give
-  // O columns that are 0, and the store of O clips them).
-  static constexpr hopper::Swizzle kSwizzle =
-      kHeadDim % 64 == 0 ? hopper::Swizzle::bytes128 : hopper::Swizzle::bytes64;
+  // Tiles in swizzle blocks of 64 or 32 columns, padded to whole blocks (hopper/layout.cuh): the
+  // zero columns past D add 0 to S = Q K^T, give O columns that are 0, and the store of O clips
+  // them.
+  static constexpr hopper::Swizzle kSwizzle = hopper::head_dim_swizzle(kHeadDim);
   static constexpr int kSwizzleColumns = hopper::row_columns(kSwizzle);
-  static constexpr int kTileColumns = (kHeadDim + kSwizzleColumns - 1) / kSwizzleColumns * kSwizzleColumns;
+  static constexpr int kTileColumns = hopper::tile_columns(kHeadDim);
   static constexpr int kConsumers = kConsumers_;       // consumer warpgroups: 2, or 3
   static constexpr int kThreads = 128 * (1 + kConsumers);  // warpgroup 0 is the producer
   static constexpr int kBlockM = 64 * kConsumers;      // query rows per work tile
