@@ -163,6 +163,10 @@ BUGS = [
     Bug("v10unseenrowsleft", V10, "rows above a bottom-right diagonal left unwritten in the deterministic mode",
         [("if (token < unseen_rows && column < kHeadDim)", "if (token < 0 && column < kHeadDim)", 1)],
         target=DETERMINISTIC_CROSS_TEST),
+    # The last kernel starts before the main kernel ends (programmatic dependent launch): it must
+    # still wait for the main kernel's adds before it reads the sum.
+    Bug("v10convertnowait", V10, "the last kernel reads the dQ sum without waiting for the main kernel's adds",
+        [("  hopper::wait_for_previous_grid();  // the main kernel's adds\n", "", 1)]),
     Bug("v10dqpastd", V10, "dQ's padding columns past D (D = 80 and 96 in tiles of 128) written into the next row",
         [("if (T::kTileColumns != T::kHeadDim && place.column >= T::kHeadDim) return;", "", 1)]),
     # bf16: the element type mixed up in one place, which the fp16 suite cannot see.

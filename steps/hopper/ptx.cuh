@@ -11,6 +11,8 @@
 //                      memory or registers, B from shared memory through a 64-bit descriptor,
 //                      fp32 accumulators in registers; issued asynchronously, awaited in groups
 //   setmaxnreg         a warpgroup gives registers back to the pool, or takes them from it
+//   griddepcontrol     a kernel launched as a dependent starts while the one before it finishes,
+//                      and waits for that one's writes only where it reads them (chapter 17)
 //
 // The typed pieces built on them are beside this file: layout.cuh (the swizzled tile layout and
 // the matrix descriptors), pipeline.cuh (rings of stages, wgmma groups, the O staging buffer,
@@ -23,9 +25,11 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <type_traits>
+#include <utility>
 
 #include "cuda_check.hpp"
 #include "step.hpp"
@@ -258,6 +262,36 @@ __device__ __forceinline__ void release_registers() {
 template <int kRegisters>
 __device__ __forceinline__ void claim_registers() {
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegisters));
+}
+
+// ---- Programmatic dependent launch (the frame of step 10) ----------------------------------------
+// Two kernels in a stream normally run one after the other: the second is launched once the first
+// has finished, its blocks start on empty SMs. Launched with launch_dependent, the second kernel's
+// blocks may start (set up their barriers, claim registers) while the first one's last blocks still
+// run; before reading anything the first one wrote, the second waits for it to finish and its
+// writes to be visible (wait_for_previous_grid). The first lets that happen once each of its blocks
+// has started (allow_dependent_launch): its blocks are then all on the GPU, so the waiting blocks of
+// the second never keep one of them from starting.
+__device__ __forceinline__ void allow_dependent_launch() {
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+}
+__device__ __forceinline__ void wait_for_previous_grid() {
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+}
+template <typename... KernelParameters, typename... Arguments>
+void launch_dependent(void (*kernel)(KernelParameters...), unsigned blocks, unsigned threads,
+                      std::size_t shared_bytes, cudaStream_t stream, Arguments&&... arguments) {
+  cudaLaunchAttribute dependent{};
+  dependent.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  dependent.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(blocks);
+  config.blockDim = dim3(threads);
+  config.dynamicSmemBytes = shared_bytes;
+  config.stream = stream;
+  config.attrs = &dependent;
+  config.numAttrs = 1;
+  CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, std::forward<Arguments>(arguments)...));
 }
 
 // ---- The wgmma instructions: one template over N ---------------------------------------------
