@@ -44,6 +44,10 @@
 #              (scripts/compare_backward.py)  -> backward.csv, backward_bf16.csv
 #   training   a small ViT trained on the digits with the steps and stock, and vit_b_16 training
 #              steps (scripts/train_digits.py)     -> training_digits.csv/.txt, training_vit_b_16.csv
+#   distributed  sequence-parallel attention (attention_steps.sequence_parallel): partial results
+#              merged with L and ring and all-to-all attention on one GPU, and on 2 and 4 GPUs where
+#              the machine has them, against the whole call (tests/python/test_sequence_parallel.py;
+#              passed with skips, saying so, on fewer than 4 GPUs)   -> sequence_parallel_tests.log
 #   models     ViT-H/14, SETR-Naive and DETR-R50 (3, 6, 12 encoder layers) with step 8 in every
 #              nn.MultiheadAttention against stock, eager and compiled with CUDA graphs, at batch
 #              1 and 32, with attention's share of each forward's GPU time; helper processes fill
@@ -64,7 +68,7 @@
 #   LSE_STEPS            the steps the lse stage times (default: the forward steps that write L,
 #                        from the library's registrations)
 #   LSE_WINDOWS          its alternating windows (default 2)
-#   STAGES               default: info tests checked planted sanitizer bench lse profile pytorch torch backward training models vit
+#   STAGES               default: info tests checked planted sanitizer bench lse profile pytorch torch backward training distributed models vit
 #   TORCH_OP_ARGS        more arguments for scripts/torch_op_bench.py (e.g. --sizes 224 --parts host)
 #   TRAINING_ARGS        more arguments for scripts/train_digits.py (e.g. --lr 1e-3 --warmup 20)
 #   MODELS_DEADLINE_S    the models stage's time for its measurements (default 420): rows past it
@@ -118,7 +122,7 @@ LONG_SHAPE_BUDGET_S=${LONG_SHAPE_BUDGET_S:-25}
 TEST_JOBS=${TEST_JOBS:-4}
 TIME_LIMIT_S=${TIME_LIMIT_S:-540}
 
-all_stages=(info tests checked planted sanitizer bench lse profile pytorch torch backward training models vit)
+all_stages=(info tests checked planted sanitizer bench lse profile pytorch torch backward training distributed models vit)
 IFS=', ' read -r -a stages <<< "${STAGES:-${all_stages[*]}}"  # "a,b" and "a b" both work
 for stage in "${stages[@]}"; do
   case " ${all_stages[*]} " in
@@ -206,14 +210,14 @@ declare -A stage_file=(
   [info]=info.txt [tests]=tests.log [checked]=checked.log [planted]=planted.log
   [sanitizer]=sanitizer.log [bench]=bench.log [lse]=lse.log
   [profile]=profile.log [pytorch]=pytorch.log [torch]=torch.log [backward]=backward.log
-  [training]=training.log [models]=models.log [vit]=vit.log)
+  [training]=training.log [distributed]=distributed.log [models]=models.log [vit]=vit.log)
 declare -A stage_results=(
   [info]="" [tests]=tests_junit.xml [checked]="" [planted]="planted.csv planted.txt"
   [sanitizer]=sanitizer/ [bench]="bench_vit.csv bench_long.csv" [lse]=lse.csv
   [profile]="profile.csv profile/" [pytorch]="pytorch.csv pytorch_info.txt"
   [torch]="torch_op.csv torch_op_tests.log torch_op_build.log" [backward]="backward.csv backward_bf16.csv"
   [training]="training_digits.csv training_digits.txt training_vit_b_16.csv"
-  [models]=models_end_to_end.csv
+  [distributed]=sequence_parallel_tests.log [models]=models_end_to_end.csv
   [vit]="vit_end_to_end.csv vit_end_to_end_kernels.csv vit_end_to_end_info.txt")
 
 summary=()

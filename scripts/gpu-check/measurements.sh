@@ -206,6 +206,23 @@ stage_training() {
     "${extra[@]}"
 }
 
+stage_distributed() {
+  with_operator || return $?
+  local gpus
+  gpus=$("$PYTHON" -c "import torch; print(torch.cuda.device_count())")
+  echo "## tests/python/test_sequence_parallel.py: partial results merged with L, ring and"
+  echo "## all-to-all attention on one GPU and across 2 and 4 ($gpus here)"
+  PYTHONPATH="$site" timeout "$(limit 400)" "$PYTHON" -X faulthandler tests/python/test_sequence_parallel.py \
+    > "$OUTDIR/sequence_parallel_tests.log" 2>&1
+  local rc=$?
+  grep -E "^(Ran|OK|FAILED)|(ERROR|FAIL):|skipped" "$OUTDIR/sequence_parallel_tests.log" || true
+  (( rc == 0 )) || return 1
+  if (( gpus < 4 )); then
+    echo "skipped: the tests on $(( gpus < 2 ? 2 : 4 )) GPUs and more: $gpus GPU(s) here"
+    return "$kPassedWithSkips"
+  fi
+}
+
 stage_models() {
   with_operator || return $?
   echo "## scripts/models_end_to_end.py: ViT-H/14, SETR-Naive, DETR-R50 with step 8 against stock"

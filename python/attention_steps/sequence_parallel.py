@@ -1,0 +1,318 @@
+"""Attention over a sequence split across GPUs, on torch.distributed (NCCL), with the steps'
+kernels inside: ring attention, and all-to-all over heads.
+
+Each GPU holds some rows of Q, K and V ([B, H, n, D], its rows of a SequenceLayout: any N, tails
+included; for causal attention, balanced). Two ways to get every query's attention over all keys:
+
+  ring_attention          K and V travel around the ring of GPUs: at each of W turns a GPU
+                          attends its queries to the block of keys it holds, sends that block to
+                          the next GPU and receives the previous GPU's. Each turn gives a partial
+                          O and L over some keys; merge_partials makes them one (below). The
+                          backward goes round the ring again with the merged O and L, and the dK
+                          and dV of each block travel with it until they reach their owner.
+  all_to_all_attention    (Ulysses) one all-to-all turns "my rows, all heads" into "all rows, my
+                          heads" (H divisible by W), each GPU runs one plain call over the whole
+                          sequence for its heads, and a second all-to-all turns the output back.
+
+Merging. Attention over keys split into disjoint sets, from attention over each set i (its output
+O_i and each row's log-sum-exp L_i, which the steps return): L = log sum_i e^{L_i} and
+O = sum_i e^{L_i - L} O_i, in fp32. A row that sees no key of set i has L_i = -inf and weight 0;
+a row that sees no key at all gets O = 0 and L = -inf, never NaN.
+
+Why not PyTorch's context parallelism: torch.distributed.tensor.experimental.context_parallel
+routes only aten's own SDPA kernels (flash, efficient, cuDNN) to its ring; its generic ring
+(_templated_ring_attention) is private, gathers all K/V at once by default, and takes neither a
+key-padding mask nor a causal block of two different lengths. This module is the ring written
+out, with the operator's forward and backward as its attention op.
+
+    layout = SequenceLayout(tokens=16385, world_size=dist.get_world_size(), balanced=True)
+    q, k, v = (split_sequence(t, layout, dist.get_rank()) for t in (q_full, k_full, v_full))
+    o = ring_attention(q, k, v, layout, causal=True)   # this GPU's rows of O; autograd works
+"""
+import torch
+import torch.distributed as dist
+
+from . import choice, torch_op
+from .sequence_layout import SequenceLayout, block_calls
+
+__all__ = ["SequenceLayout", "split_sequence", "merge_partials", "ring_attention",
+           "all_to_all_attention"]
+
+
+def split_sequence(x, layout, rank, dim=2):
+    """GPU `rank`'s rows of a whole-sequence tensor x (its chunks along `dim`, in order)."""
+    if x.shape[dim] != layout.tokens:
+        raise ValueError(f"x has {x.shape[dim]} rows along dim {dim}; the layout {layout.tokens}")
+    return torch.cat([x.narrow(dim, start, stop - start) for start, stop in layout.chunks(rank)],
+                     dim=dim)
+
+
+def merge_partials(outputs, log_sum_exps):
+    """(O, L) of attention over the union of disjoint key sets, from (O_i, L_i) over each: O_i
+    [B, H, N, D], L_i fp32 [B, H, N]. Returns O in fp32 and L; rows no set has a key for get
+    O = 0 and L = -inf."""
+    lse = torch.stack([l.float() for l in log_sum_exps]).logsumexp(0)
+    base = torch.where(torch.isfinite(lse), lse, torch.zeros_like(lse))
+    out = sum((l.float() - base).exp().unsqueeze(-1) * o.float()
+              for o, l in zip(outputs, log_sum_exps))
+    return out, lse
+
+
+class _Merged:
+    """O (fp32) and L of a GPU's queries, merged block by block as the ring turns."""
+
+    def __init__(self, q):
+        self.o = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+        self.lse = torch.full(q.shape[:3], float("-inf"), dtype=torch.float32, device=q.device)
+
+    def add(self, rows, o_part, lse_part):
+        lse_old, o_old = self.lse[:, :, rows], self.o[:, :, rows]
+        lse_new = torch.logaddexp(lse_old, lse_part)  # -inf where both are
+        base = torch.where(torch.isfinite(lse_new), lse_new, torch.zeros_like(lse_new))
+        self.o[:, :, rows] = ((lse_old - base).exp().unsqueeze(-1) * o_old +
+                              (lse_part - base).exp().unsqueeze(-1) * o_part.float())
+        self.lse[:, :, rows] = lse_new
+
+
+def _chosen_step(q, backward, causal, masked, cross):
+    step, why = choice.serving(q.device.index, q.dtype, q.shape[-1], backward=backward,
+                               causal=causal, masked=masked, cross=cross)
+    if step is None:
+        raise NotImplementedError(f"no {'backward ' if backward else ''}step serves a block of "
+                                  f"this sequence-parallel call here: {why}")
+    return step
+
+
+def _slices(calls):
+    return [(slice(*q_rows), slice(*k_rows), alignment) for q_rows, k_rows, alignment in calls]
+
+
+def _peers(group):
+    """(this GPU's rank in the group, the next GPU's global rank, the previous GPU's)."""
+    rank, size = dist.get_rank(group), dist.get_world_size(group)
+    return (rank, dist.get_global_rank(group, (rank + 1) % size),
+            dist.get_global_rank(group, (rank - 1) % size))
+
+
+def _pass_on(tensors, shapes, group, next_rank, previous_rank):
+    """Sends `tensors` to the next GPU and receives tensors of `shapes` (dtype and device of
+    the sent ones) from the previous one; returns (works, received). The received ones are
+    ready once every work has been waited on (NCCL: the current stream waits; the host not)."""
+    received = [torch.empty(shape, dtype=t.dtype, device=t.device) for t, shape in zip(tensors, shapes)]
+    ops = [dist.P2POp(dist.isend, t, next_rank, group) for t in tensors] + \
+          [dist.P2POp(dist.irecv, t, previous_rank, group) for t in received]
+    return dist.batch_isend_irecv(ops), received
+
+
+def _block_shapes(like, layout, owner, mask):
+    """Shapes of K, V (and the mask) of the block GPU `owner` holds."""
+    rows = layout.local_tokens(owner)
+    shape = (*like.shape[:2], rows, like.shape[3])
+    return [shape, shape] + ([(mask.shape[0], rows)] if mask is not None else [])
+
+
+def _ring_forward(q, k, v, mask, layout, group, causal, scale):
+    rank, next_rank, previous_rank = _peers(group)
+    size = layout.world_size
+    operator = torch.ops.attention_steps.attention
+    merged = _Merged(q)
+    block = [k.contiguous(), v.contiguous()] + ([mask.contiguous()] if mask is not None else [])
+    for turn in range(size):
+        source = (rank - turn) % size
+        if turn + 1 < size:  # the next block travels while this one is attended to
+            works, arriving = _pass_on(block, _block_shapes(k, layout, (source - 1) % size, mask),
+                                       group, next_rank, previous_rank)
+        keys, values = block[0], block[1]
+        for q_rows, k_rows, alignment in _slices(block_calls(layout, rank, source, causal)):
+            part_mask = block[2][:, k_rows].contiguous() if mask is not None else None
+            queries = q[:, :, q_rows]
+            step = _chosen_step(q, False, alignment, mask is not None,
+                                queries.shape[2] != k_rows.stop - k_rows.start)
+            o_part, lse_part = operator(queries, keys[:, :, k_rows], values[:, :, k_rows], step,
+                                        scale, part_mask, True, alignment)
+            merged.add(q_rows, o_part, lse_part)
+        if turn + 1 < size:
+            for work in works:
+                work.wait()
+            block = arriving
+    return merged.o.to(q.dtype), merged.lse
+
+
+def _ring_backward(d_o, q, k, v, o, lse, mask, layout, group, causal, scale, deterministic):
+    rank, next_rank, previous_rank = _peers(group)
+    size = layout.world_size
+    operator = torch.ops.attention_steps.attention_backward
+    dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+    block = [k.contiguous(), v.contiguous()] + ([mask.contiguous()] if mask is not None else [])
+    block_grads = [torch.zeros(k.shape, dtype=torch.float32, device=k.device) for _ in range(2)]
+    for turn in range(size):
+        source = (rank - turn) % size
+        following = (source - 1) % size
+        if turn + 1 < size:
+            works, arriving = _pass_on(block, _block_shapes(k, layout, following, mask), group,
+                                       next_rank, previous_rank)
+        keys, values = block[0], block[1]
+        for q_rows, k_rows, alignment in _slices(block_calls(layout, rank, source, causal)):
+            part_mask = block[2][:, k_rows].contiguous() if mask is not None else None
+            queries = q[:, :, q_rows]
+            step = _chosen_step(q, True, alignment, mask is not None,
+                                queries.shape[2] != k_rows.stop - k_rows.start)
+            dq_part, dk_part, dv_part = operator(
+                d_o[:, :, q_rows], queries, keys[:, :, k_rows], values[:, :, k_rows],
+                o[:, :, q_rows], lse[:, :, q_rows].contiguous(), step, scale, deterministic,
+                alignment, part_mask)
+            dq[:, :, q_rows] += dq_part.float()
+            block_grads[0][:, :, k_rows] += dk_part.float()
+            block_grads[1][:, :, k_rows] += dv_part.float()
+        if size == 1:
+            break  # (torch.distributed sends nothing to itself)
+        # This block's dK and dV go on with it; after the last turn they reach their owner, and
+        # this GPU receives its own block's.
+        grad_works, block_grads = _pass_on(block_grads, _block_shapes(k, layout, following, None),
+                                           group, next_rank, previous_rank)
+        for work in grad_works + (works if turn + 1 < size else []):
+            work.wait()
+        if turn + 1 < size:
+            block = arriving
+    return dq.to(q.dtype), block_grads[0].to(k.dtype), block_grads[1].to(v.dtype)
+
+
+class _RingAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, mask, layout, group, causal, scale, deterministic):
+        o, lse = _ring_forward(q, k, v, mask, layout, group, causal, scale)
+        ctx.save_for_backward(q, k, v, o, lse, mask)
+        ctx.settings = (layout, group, causal, scale, deterministic)
+        return o
+
+    @staticmethod
+    def backward(ctx, d_o):
+        q, k, v, o, lse, mask = ctx.saved_tensors
+        dq, dk, dv = _ring_backward(d_o, q, k, v, o, lse, mask, *ctx.settings)
+        return dq, dk, dv, None, None, None, None, None, None
+
+
+def _checked(q, k, v, layout, group, key_padding_mask, scale):
+    """The group, and the scale, after the checks every entry makes before anything is sent."""
+    group = group or dist.group.WORLD
+    size, rank = dist.get_world_size(group), dist.get_rank(group)
+    if size != layout.world_size:
+        raise ValueError(f"the layout is for {layout.world_size} GPUs; the group has {size}")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.dim() != 4 or not t.is_cuda:
+            raise ValueError(f"{name} must be a CUDA tensor [B, H, n, D]; got {tuple(t.shape)} on {t.device}")
+        if t.dtype not in (torch.float16, torch.bfloat16) or t.dtype != q.dtype:
+            raise TypeError(f"q, k and v must be float16 or bfloat16 alike; {name} is {t.dtype}")
+    rows = layout.local_tokens(rank)
+    if q.shape != k.shape or k.shape != v.shape or q.shape[2] != rows:
+        raise ValueError(f"q, k and v must all be [B, H, {rows}, D], this GPU's {rows} rows of "
+                         f"{layout}; got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    if key_padding_mask is not None and (key_padding_mask.dtype != torch.bool or
+                                         tuple(key_padding_mask.shape) != (q.shape[0], rows) or
+                                         key_padding_mask.device != q.device):
+        raise ValueError(f"key_padding_mask must be bool [B, n] = [{q.shape[0]}, {rows}] on "
+                         f"{q.device} (True where a key is padding); got {key_padding_mask.dtype} "
+                         f"{tuple(key_padding_mask.shape)} on {key_padding_mask.device}")
+    torch_op.load()  # ImportError saying how to build the operator
+    return group, q.shape[-1] ** -0.5 if scale is None else float(scale)
+
+
+def ring_attention(q, k, v, layout, group=None, *, causal=False, key_padding_mask=None,
+                   scale=None, deterministic=None):
+    """This GPU's rows of O = softmax(scale Q K^T) V over the whole sequence, by ring attention.
+    q, k, v: CUDA float16 or bfloat16 [B, H, n, D], this GPU's n rows of `layout` (for causal,
+    a balanced layout keeps the GPUs' work even). causal: query i sees keys j <= i of the whole
+    sequence (PyTorch's is_causal). key_padding_mask: bool [B, n], True where this GPU's key is
+    padding. deterministic (default: torch.are_deterministic_algorithms_enabled()) asks the
+    backward step for the same bits on every run; the ring adds in a fixed order. Every GPU of
+    `group` (default: the world) calls it with its own rows. Autograd: dQ, dK, dV of this GPU's
+    rows."""
+    group, scale = _checked(q, k, v, layout, group, key_padding_mask, scale)
+    if deterministic is None:
+        deterministic = torch.are_deterministic_algorithms_enabled()
+    return _RingAttention.apply(q, k, v, key_padding_mask, layout, group, bool(causal), scale,
+                                bool(deterministic))
+
+
+def _rows_by_chunk(pieces, layout):
+    """The whole sequence from each GPU's rows (pieces[j]: GPU j's, along dim 2), in order."""
+    chunks = {}
+    for rank, piece in enumerate(pieces):
+        for (local0, local1, start, _), chunk in zip(layout.local_offsets(rank), layout.chunk_ids(rank)):
+            chunks[chunk] = piece[:, :, local0:local1]
+    return torch.cat([chunks[c] for c in sorted(chunks)], dim=2)
+
+
+class _SequenceToHeads(torch.autograd.Function):
+    """[B, H, n_rank, D] (this GPU's rows, every head) -> [B, H / W, N, D] (every row, this GPU's
+    heads); its backward is the way back, and _HeadsToSequence's the reverse."""
+
+    @staticmethod
+    def forward(ctx, x, layout, group):
+        ctx.settings = (layout, group)
+        return _sequence_to_heads(x, layout, group)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _heads_to_sequence(grad, *ctx.settings), None, None
+
+
+class _HeadsToSequence(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, layout, group):
+        ctx.settings = (layout, group)
+        return _heads_to_sequence(x, layout, group)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _sequence_to_heads(grad, *ctx.settings), None, None
+
+
+def _sequence_to_heads(x, layout, group):
+    size = layout.world_size
+    heads = x.shape[1] // size
+    sent = [x[:, j * heads:(j + 1) * heads].contiguous() for j in range(size)]
+    received = [x.new_empty((x.shape[0], heads, layout.local_tokens(j), x.shape[3])) for j in range(size)]
+    dist.all_to_all(received, sent, group=group)
+    return _rows_by_chunk(received, layout)
+
+
+def _heads_to_sequence(x, layout, group):
+    size, rank = layout.world_size, dist.get_rank(group)
+    sent = [torch.cat([x[:, :, start:stop] for start, stop in layout.chunks(j)], dim=2).contiguous()
+            for j in range(size)]
+    received = [x.new_empty((x.shape[0], x.shape[1], layout.local_tokens(rank), x.shape[3]))
+                for _ in range(size)]
+    dist.all_to_all(received, sent, group=group)
+    return torch.cat(received, dim=1)
+
+
+def _whole_mask(mask, layout, group):
+    """Every GPU's key-padding mask rows, gathered into the whole sequence's [B, N]."""
+    longest = max(layout.local_tokens(j) for j in range(layout.world_size))
+    padded = torch.zeros((mask.shape[0], longest), dtype=torch.uint8, device=mask.device)
+    padded[:, :mask.shape[1]] = mask
+    gathered = [torch.empty_like(padded) for _ in range(layout.world_size)]
+    dist.all_gather(gathered, padded, group=group)
+    pieces = [g[:, :layout.local_tokens(j)].unsqueeze(1).unsqueeze(-1) for j, g in enumerate(gathered)]
+    return _rows_by_chunk(pieces, layout)[:, 0, :, 0].bool()
+
+
+def all_to_all_attention(q, k, v, layout, group=None, *, causal=False, key_padding_mask=None,
+                         scale=None):
+    """ring_attention's result by all-to-all over heads (Ulysses): the heads H must divide among
+    the group's W GPUs (ValueError otherwise). Each GPU runs one call of the step the library
+    chooses over the whole sequence for H / W heads, with autograd through the operator."""
+    group, scale = _checked(q, k, v, layout, group, key_padding_mask, scale)
+    size = layout.world_size
+    if q.shape[1] % size:
+        raise ValueError(f"all-to-all attention splits the {q.shape[1]} heads among {size} GPUs: "
+                         "the heads must be a multiple of the GPU count (ring_attention has no "
+                         "such limit)")
+    mask = _whole_mask(key_padding_mask, layout, group) if key_padding_mask is not None else None
+    q_heads, k_heads, v_heads = (_SequenceToHeads.apply(t, layout, group) for t in (q, k, v))
+    alignment = "top-left" if causal else None
+    step = _chosen_step(q_heads, False, alignment, mask is not None, False)
+    o_heads = torch.ops.attention_steps.attention(
+        q_heads, k_heads, v_heads, step, scale, mask, torch_op.needs_grad((q, k, v)), alignment)[0]
+    return _HeadsToSequence.apply(o_heads, layout, group)
