@@ -1,0 +1,201 @@
+#!/usr/bin/env python3
+"""Data-parallel training of torchvision ViTs with the steps' attention, beside stock, on several
+GPUs (#32): torch.nn.parallel.DistributedDataParallel or FSDP2 (torch.distributed.fsdp.
+fully_shard, one unit per encoder block and one for the rest), bf16 autocast, AdamW, a batch of
+seeded random images and labels per GPU (each GPU its own).
+
+  --mode speed   two models built from one seed, stock and with the steps (swap_attention: the
+                 library's choice per call, step 8 forward and step 10 backward on an H100), each
+                 wrapped alike; --repeats rounds, the two alternating in each round's order, of
+                 --warmup steps and then --steps timed ones (CUDA events around each step, every
+                 GPU's median, the slowest GPU's taken). One row per model, round and attention:
+                 images/s per GPU and the steps' ratio to stock in the same round.
+  --mode losses  --loss-steps steps three times from one seed on the same batches: stock, stock
+                 again (the band: the run-to-run difference of stock itself) and the steps; one
+                 row per step with the three losses (rank 0's, which DDP and FSDP2 make every
+                 GPU's).
+
+    torchrun --nproc-per-node 2 scripts/train_distributed.py --parallel ddp --models vit_b_16 \\
+        --csv ddp.csv
+    torchrun --nproc-per-node 4 scripts/train_distributed.py --parallel fsdp2 --mode losses \\
+        --models vit_h_14 --batch 8 --csv fsdp2_losses.csv
+
+Needs torch, torchvision, the operator (pip install --no-build-isolation ./python) and NCCL.
+Written for #32; not yet run on a GPU. Exit status: 0 done, 3 no CUDA device or operator.
+"""
+import argparse
+import csv
+import statistics
+import sys
+
+MODELS = ("vit_b_16", "vit_h_14")
+FIELDS = ["model", "parallel", "gpus", "gpu_name", "batch_per_gpu", "round", "attention",
+          "step_ms", "images_per_s_per_gpu", "vs_stock"]
+LOSS_FIELDS = ["model", "parallel", "gpus", "step", "stock", "stock_again", "steps"]
+
+
+def parse_arguments(argv):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--parallel", choices=("ddp", "fsdp2"), required=True)
+    parser.add_argument("--mode", choices=("speed", "losses"), default="speed")
+    parser.add_argument("--models", default="vit_b_16", type=lambda text: text.split(","))
+    parser.add_argument("--batch", type=int, default=32, help="images per GPU per step")
+    parser.add_argument("--image-size", type=int, default=224)
+    parser.add_argument("--steps", type=int, default=20, help="timed steps per round (speed)")
+    parser.add_argument("--warmup", type=int, default=10, help="untimed steps before them")
+    parser.add_argument("--repeats", type=int, default=3, help="rounds, stock and steps in each")
+    parser.add_argument("--loss-steps", type=int, default=100)
+    parser.add_argument("--lr", type=float, default=1e-4)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--csv", required=True, help="written by rank 0")
+    args = parser.parse_args(argv)
+    unknown = sorted(set(args.models) - set(MODELS))
+    if unknown:
+        parser.error(f"--models: {', '.join(unknown)} not among {', '.join(MODELS)}")
+    return args
+
+
+def build(torch, torchvision, name, image_size, seed, with_steps, parallel, device):
+    """The model from `seed` (the same weights every time), its attention swapped for the steps'
+    before it is wrapped (FSDP2 replaces the parameters of the modules it shards: a swap after
+    it would keep the sharded ones), then wrapped."""
+    import attention_steps
+    torch.manual_seed(seed)
+    model = getattr(torchvision.models, name)(image_size=image_size).to(device)
+    if with_steps:
+        attention_steps.swap_attention(model)  # the library's choice per call, backward included
+    if parallel == "ddp":
+        return torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index])
+    from torch.distributed.fsdp import fully_shard
+    for block in model.encoder.layers:
+        fully_shard(block)
+    fully_shard(model)
+    return model
+
+
+def batches(torch, args, rank, device, count):
+    """`count` batches of random images and labels, seeded per GPU: the same in every run."""
+    generator = torch.Generator(device=device).manual_seed(args.seed * 1000 + rank)
+    return [(torch.randn((args.batch, 3, args.image_size, args.image_size), device=device,
+                         generator=generator),
+             torch.randint(0, 1000, (args.batch,), device=device, generator=generator))
+            for _ in range(count)]
+
+
+def train_step(torch, model, optimizer, images, labels):
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        loss = torch.nn.functional.cross_entropy(model(images), labels)
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return loss
+
+
+def step_times_ms(torch, model, optimizer, data, warmup, steps):
+    for images, labels in data[:warmup]:
+        train_step(torch, model, optimizer, images, labels)
+    times = []
+    for images, labels in data[warmup:warmup + steps]:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        train_step(torch, model, optimizer, images, labels)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return times
+
+
+def slowest_median(torch, dist, times, device):
+    """The largest of the GPUs' median step times: a data-parallel step ends with the slowest."""
+    median = torch.tensor([statistics.median(times)], device=device)
+    dist.all_reduce(median, op=dist.ReduceOp.MAX)
+    return median.item()
+
+
+def speed(torch, torchvision, dist, args, rank, world, device, writer):
+    gpu_name = torch.cuda.get_device_name(device)
+    data = batches(torch, args, rank, device, 4)
+    data = [data[i % len(data)] for i in range(args.warmup + args.steps)]
+    for name in args.models:
+        models = {attention: build(torch, torchvision, name, args.image_size, args.seed,
+                                   attention == "steps", args.parallel, device)
+                  for attention in ("stock", "steps")}
+        optimizers = {attention: torch.optim.AdamW(model.parameters(), lr=args.lr)
+                      for attention, model in models.items()}
+        for round_number in range(1, args.repeats + 1):
+            order = ("stock", "steps") if round_number % 2 else ("steps", "stock")
+            step_ms = {}
+            for attention in order:
+                times = step_times_ms(torch, models[attention], optimizers[attention], data,
+                                      args.warmup, args.steps)
+                step_ms[attention] = slowest_median(torch, dist, times, device)
+            for attention in ("stock", "steps"):
+                row = {"model": name, "parallel": args.parallel, "gpus": world, "gpu_name": gpu_name,
+                       "batch_per_gpu": args.batch, "round": round_number, "attention": attention,
+                       "step_ms": f"{step_ms[attention]:.2f}",
+                       "images_per_s_per_gpu": f"{args.batch / step_ms[attention] * 1e3:.1f}",
+                       "vs_stock": f"{step_ms['stock'] / step_ms[attention]:.3f}"}
+                if writer:
+                    writer.writerow(row)
+                    print(", ".join(f"{key}={value}" for key, value in row.items()), flush=True)
+        del models, optimizers
+        torch.cuda.empty_cache()
+
+
+def losses(torch, torchvision, dist, args, rank, world, device, writer):
+    data = batches(torch, args, rank, device, 16)
+    for name in args.models:
+        runs = {}
+        for run, with_steps in (("stock", False), ("stock_again", False), ("steps", True)):
+            model = build(torch, torchvision, name, args.image_size, args.seed, with_steps,
+                          args.parallel, device)
+            optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
+            runs[run] = [train_step(torch, model, optimizer, *data[step % len(data)]).item()
+                         for step in range(args.loss_steps)]
+            del model, optimizer
+            torch.cuda.empty_cache()
+        for step in range(args.loss_steps):
+            if writer:
+                writer.writerow({"model": name, "parallel": args.parallel, "gpus": world,
+                                 "step": step, **{run: f"{values[step]:.6f}" for run, values in runs.items()}})
+        if writer:
+            band = max(abs(a - b) for a, b in zip(runs["stock"], runs["stock_again"]))
+            distance = max(abs(a - b) for a, b in zip(runs["stock"], runs["steps"]))
+            print(f"{name}, {args.parallel}, {world} GPUs: the steps' largest loss distance to "
+                  f"stock {distance:.3g}, stock's own band {band:.3g}", flush=True)
+
+
+def main(argv=None):
+    args = parse_arguments(argv)
+    import torch
+    import torch.distributed as dist
+    import torchvision
+
+    from attention_steps import torch_op
+    if not torch.cuda.is_available():
+        print("torch sees no CUDA device: nothing trained", file=sys.stderr)
+        return 3
+    if not torch_op.available():
+        print(f"the operator is not built: {torch_op.BUILD_COMMAND}", file=sys.stderr)
+        return 3
+    dist.init_process_group("nccl")  # torchrun's environment: RANK, WORLD_SIZE, MASTER_ADDR
+    rank, world = dist.get_rank(), dist.get_world_size()
+    device = torch.device("cuda", rank % torch.cuda.device_count())
+    torch.cuda.set_device(device)
+    out = open(args.csv, "w", newline="") if rank == 0 else None
+    writer = csv.DictWriter(out, fieldnames=FIELDS if args.mode == "speed" else LOSS_FIELDS) \
+        if out else None
+    if writer:
+        writer.writeheader()
+    try:
+        (speed if args.mode == "speed" else losses)(torch, torchvision, dist, args, rank, world,
+                                                    device, writer)
+    finally:
+        if out:
+            out.close()
+        dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
