@@ -12,7 +12,7 @@
 // O = acc / l. Two forms of the exponential:
 //   natural  exp(scale (s - m')), rescale factor exp(scale (m - m'))
 //   exp2     the arithmetic of flash.cu: c = log2(e) / sqrt(D) folded into one constant
-//            (float(M_LOG2E / sqrt(double(D))), as launch_flash computes it), M = fl(m' c),
+//            (float(M_LOG2E * scale), scale = 1/sqrt(D), as launch_flash_for computes it), M = fl(m' c),
 //            p_j = exp2(fma(s_j, c, -M)) and rescale factor exp2(fma(m, c, -M)). The source
 //            writes the factor as exp2(m * c - M); nvcc 13.0 emits mul, mul, sub in PTX and
 //            ptxas contracts it into one FFMA (seen in the sm_90 SASS of the D = 64 kernel:
@@ -79,7 +79,7 @@ template <typename Real>
 std::vector<double> online_softmax(const Row& row, int block, const ModelOptions& options) {
   const int n = row.tokens(), d = row.head_dim;
   const Real scale = Real(1.0 / std::sqrt(double(d)));
-  const Real scale_log2 = Real(kLog2e / std::sqrt(double(d)));  // launch_flash's constant
+  const Real scale_log2 = Real(kLog2e / std::sqrt(double(d)));  // launch_flash_for's constant
   Real row_max = -std::numeric_limits<Real>::infinity();
   Real row_sum = 0;
   std::vector<Real> acc(d, Real(0));
