@@ -21,6 +21,8 @@ import csv
 import statistics
 import sys
 
+import measuring
+
 FIELDS = ["gpus", "gpu_name", "dtype", "causal", "batch", "heads", "tokens", "tokens_per_gpu",
           "head_dim", "method", "median_ms", "low_ms", "high_ms", "tflops_per_gpu", "efficiency"]
 
@@ -43,16 +45,7 @@ def parse_arguments(argv):
 def windows_ms(torch, run, windows, calls):
     run()  # warm: the library's choice, the operator's first call
     torch.cuda.synchronize()
-    times = []
-    for _ in range(windows):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(calls):
-            run()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / calls)
-    return times
+    return [measuring.window_ms(torch, run, calls) for _ in range(windows)]
 
 
 def slowest(torch, dist, values, device):

@@ -7,8 +7,9 @@ seeded random images and labels per GPU (each GPU its own).
   --mode speed   two models built from one seed, stock and with the steps (swap_attention: the
                  library's choice per call, step 8 forward and step 10 backward on an H100), each
                  wrapped alike; --repeats rounds, the two alternating in each round's order, of
-                 --warmup steps and then --steps timed ones (CUDA events around each step, every
-                 GPU's median, the slowest GPU's taken). One row per model, round and attention:
+                 --warmup steps and then --steps timed ones (CUDA events around each step, the
+                 steps queued back to back: measuring.each_call_ms; each GPU's median, the
+                 slowest GPU's taken). One row per model, round and attention:
                  images/s per GPU and the steps' ratio to stock in the same round.
   --mode losses  --loss-steps steps three times from one seed on the same batches: stock, stock
                  again (the band: the run-to-run difference of stock itself) and the steps; one
@@ -25,8 +26,11 @@ Written for #32; not yet run on a GPU. Exit status: 0 done, 3 no CUDA device or 
 """
 import argparse
 import csv
+import functools
 import statistics
 import sys
+
+import measuring
 
 MODELS = ("vit_b_16", "vit_h_14")
 FIELDS = ["model", "parallel", "gpus", "gpu_name", "batch_per_gpu", "round", "attention",
@@ -94,15 +98,8 @@ def train_step(torch, model, optimizer, images, labels):
 def step_times_ms(torch, model, optimizer, data, warmup, steps):
     for images, labels in data[:warmup]:
         train_step(torch, model, optimizer, images, labels)
-    times = []
-    for images, labels in data[warmup:warmup + steps]:
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        train_step(torch, model, optimizer, images, labels)
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return times
+    return measuring.each_call_ms(torch, [functools.partial(train_step, torch, model, optimizer, *batch)
+                                          for batch in data[warmup:warmup + steps]])
 
 
 def slowest_median(torch, dist, times, device):

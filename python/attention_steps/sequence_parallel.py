@@ -83,8 +83,19 @@ def _chosen_step(q, backward, causal, masked, cross):
     return step
 
 
-def _slices(calls):
-    return [(slice(*q_rows), slice(*k_rows), alignment) for q_rows, k_rows, alignment in calls]
+def _turn_calls(q, block, layout, rank, source, causal, backward):
+    """The calls of one ring turn (block_calls), each as (query rows, key rows, causal alignment,
+    the keys' padding mask or None, the step that serves it), rows as slices."""
+    masked = len(block) == 3
+    for (q0, q1), (k0, k1), alignment in block_calls(layout, rank, source, causal):
+        step = _chosen_step(q, backward, alignment, masked, q1 - q0 != k1 - k0)
+        yield (slice(q0, q1), slice(k0, k1), alignment,
+               block[2][:, k0:k1].contiguous() if masked else None, step)
+
+
+def _own_block(k, v, mask):
+    """This GPU's K, V (and key-padding mask), contiguous, as they travel around the ring."""
+    return [k.contiguous(), v.contiguous()] + ([mask.contiguous()] if mask is not None else [])
 
 
 def _peers(group):
@@ -116,20 +127,17 @@ def _ring_forward(q, k, v, mask, layout, group, causal, scale):
     size = layout.world_size
     operator = torch.ops.attention_steps.attention
     merged = _Merged(q)
-    block = [k.contiguous(), v.contiguous()] + ([mask.contiguous()] if mask is not None else [])
+    block = _own_block(k, v, mask)
     for turn in range(size):
         source = (rank - turn) % size
         if turn + 1 < size:  # the next block travels while this one is attended to
             works, arriving = _pass_on(block, _block_shapes(k, layout, (source - 1) % size, mask),
                                        group, next_rank, previous_rank)
         keys, values = block[0], block[1]
-        for q_rows, k_rows, alignment in _slices(block_calls(layout, rank, source, causal)):
-            part_mask = block[2][:, k_rows].contiguous() if mask is not None else None
-            queries = q[:, :, q_rows]
-            step = _chosen_step(q, False, alignment, mask is not None,
-                                queries.shape[2] != k_rows.stop - k_rows.start)
-            o_part, lse_part = operator(queries, keys[:, :, k_rows], values[:, :, k_rows], step,
-                                        scale, part_mask, True, alignment)
+        for q_rows, k_rows, alignment, part_mask, step in _turn_calls(q, block, layout, rank, source,
+                                                                      causal, False):
+            o_part, lse_part = operator(q[:, :, q_rows], keys[:, :, k_rows], values[:, :, k_rows],
+                                        step, scale, part_mask, True, alignment)
             merged.add(q_rows, o_part, lse_part)
         if turn + 1 < size:
             for work in works:
@@ -143,7 +151,7 @@ def _ring_backward(d_o, q, k, v, o, lse, mask, layout, group, causal, scale, det
     size = layout.world_size
     operator = torch.ops.attention_steps.attention_backward
     dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
-    block = [k.contiguous(), v.contiguous()] + ([mask.contiguous()] if mask is not None else [])
+    block = _own_block(k, v, mask)
     block_grads = [torch.zeros(k.shape, dtype=torch.float32, device=k.device) for _ in range(2)]
     for turn in range(size):
         source = (rank - turn) % size
@@ -152,13 +160,10 @@ def _ring_backward(d_o, q, k, v, o, lse, mask, layout, group, causal, scale, det
             works, arriving = _pass_on(block, _block_shapes(k, layout, following, mask), group,
                                        next_rank, previous_rank)
         keys, values = block[0], block[1]
-        for q_rows, k_rows, alignment in _slices(block_calls(layout, rank, source, causal)):
-            part_mask = block[2][:, k_rows].contiguous() if mask is not None else None
-            queries = q[:, :, q_rows]
-            step = _chosen_step(q, True, alignment, mask is not None,
-                                queries.shape[2] != k_rows.stop - k_rows.start)
+        for q_rows, k_rows, alignment, part_mask, step in _turn_calls(q, block, layout, rank, source,
+                                                                      causal, True):
             dq_part, dk_part, dv_part = operator(
-                d_o[:, :, q_rows], queries, keys[:, :, k_rows], values[:, :, k_rows],
+                d_o[:, :, q_rows], q[:, :, q_rows], keys[:, :, k_rows], values[:, :, k_rows],
                 o[:, :, q_rows], lse[:, :, q_rows].contiguous(), step, scale, deterministic,
                 alignment, part_mask)
             dq[:, :, q_rows] += dq_part.float()
@@ -243,29 +248,20 @@ def _rows_by_chunk(pieces, layout):
     return torch.cat([chunks[c] for c in sorted(chunks)], dim=2)
 
 
-class _SequenceToHeads(torch.autograd.Function):
-    """[B, H, n_rank, D] (this GPU's rows, every head) -> [B, H / W, N, D] (every row, this GPU's
-    heads); its backward is the way back, and _HeadsToSequence's the reverse."""
+class _Regroup(torch.autograd.Function):
+    """to_heads: [B, H, n_rank, D] (this GPU's rows, every head) -> [B, H / W, N, D] (every row,
+    this GPU's heads); otherwise the way back. Each direction's backward is the other."""
 
     @staticmethod
-    def forward(ctx, x, layout, group):
-        ctx.settings = (layout, group)
-        return _sequence_to_heads(x, layout, group)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return _heads_to_sequence(grad, *ctx.settings), None, None
-
-
-class _HeadsToSequence(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, layout, group):
-        ctx.settings = (layout, group)
-        return _heads_to_sequence(x, layout, group)
+    def forward(ctx, x, layout, group, to_heads):
+        ctx.settings = (layout, group, to_heads)
+        return (_sequence_to_heads if to_heads else _heads_to_sequence)(x, layout, group)
 
     @staticmethod
     def backward(ctx, grad):
-        return _sequence_to_heads(grad, *ctx.settings), None, None
+        layout, group, to_heads = ctx.settings
+        back = _heads_to_sequence if to_heads else _sequence_to_heads
+        return back(grad, layout, group), None, None, None
 
 
 def _sequence_to_heads(x, layout, group):
@@ -310,9 +306,9 @@ def all_to_all_attention(q, k, v, layout, group=None, *, causal=False, key_paddi
                          "the heads must be a multiple of the GPU count (ring_attention has no "
                          "such limit)")
     mask = _whole_mask(key_padding_mask, layout, group) if key_padding_mask is not None else None
-    q_heads, k_heads, v_heads = (_SequenceToHeads.apply(t, layout, group) for t in (q, k, v))
+    q_heads, k_heads, v_heads = (_Regroup.apply(t, layout, group, True) for t in (q, k, v))
     alignment = "top-left" if causal else None
     step = _chosen_step(q_heads, False, alignment, mask is not None, False)
     o_heads = torch.ops.attention_steps.attention(
         q_heads, k_heads, v_heads, step, scale, mask, torch_op.needs_grad((q, k, v)), alignment)[0]
-    return _HeadsToSequence.apply(o_heads, layout, group)
+    return _Regroup.apply(o_heads, layout, group, False)

@@ -10,12 +10,10 @@ tests skip on one GPU, saying so.
 """
 import os
 import socket
-import sys
 import tempfile
 import unittest
 
-sys.path.insert(0, os.path.dirname(__file__))
-import torch_gpu  # noqa: E402
+import torch_gpu
 
 SKIP_REASON = torch_gpu.skip_reason("the sequence-parallel tests")
 if SKIP_REASON is None:
