@@ -77,6 +77,16 @@ def takes_strides(step):
     return _takes_strides[step]
 
 
+def projected_dtype(x):
+    """The dtype in which a projection of x reaches attention: autocast's lower precision where
+    autocast is on for x's device and x is float32 (a Linear under autocast returns that), else
+    x's own. A float32 model trained under autocast hands its blocks float32 activations, but
+    their attention runs in bf16 or fp16, which the steps take."""
+    if x.dtype == torch.float32 and torch.is_autocast_enabled(x.device.type):
+        return torch.get_autocast_dtype(x.device.type)
+    return x.dtype
+
+
 def for_call(device_index, dtype, head_dim, tokens, *, kv_tokens=None, masked=False, causal=None,
              needs_grad=False):
     """The step that serves one call (its forward, and its backward when `needs_grad`), or None:

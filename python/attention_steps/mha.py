@@ -110,7 +110,8 @@ class StepMultiheadAttention(nn.Module):
         if (self.always_original or need_weights or attn_mask is not None or is_causal or
                 (key_padding_mask is not None and key_padding_mask.dtype != torch.bool) or
                 (self.training and mha.dropout > 0) or query.dim() != 3 or
-                (self.attention_fn is None and query.dtype not in (torch.float16, torch.bfloat16))):
+                (self.attention_fn is None and
+                 choice.projected_dtype(query) not in (torch.float16, torch.bfloat16))):
             return self._original_forward(query, key, value, key_padding_mask, need_weights,
                                           attn_mask, average_attn_weights, is_causal)
         q, k, v = (t.permute(_TO_HEADS[self.batch_first]) for t in self._project(query, key, value))

@@ -163,10 +163,23 @@ def _why_not(query, key, value, attn_mask, dropout_p, is_causal):
     return step, None
 
 
+def _as_autocast_casts(*tensors):
+    """q, k and v as PyTorch's SDPA receives them: it is on autocast's lower-precision list, so
+    under autocast its float32 arguments reach its kernels in autocast's dtype (a float32 model
+    trained under autocast(bfloat16) whose attention inputs come from a LayerNorm, say). This
+    function replaces PyTorch's before autocast's cast, so it casts them alike."""
+    if not all(isinstance(t, torch.Tensor) for t in tensors) or \
+            not torch.is_autocast_enabled(tensors[0].device.type):
+        return tensors
+    dtype = torch.get_autocast_dtype(tensors[0].device.type)
+    return tuple(t.to(dtype) if t.dtype == torch.float32 else t for t in tensors)
+
+
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0,
                                  is_causal=False, scale=None, enable_gqa=False):
     """torch.nn.functional.scaled_dot_product_attention, by a step where one serves the call
     (see the module's docstring), by PyTorch's otherwise."""
+    query, key, value = _as_autocast_casts(query, key, value)
     step, reason = _why_not(query, key, value, attn_mask, dropout_p, is_causal)
     if step is not None:
         padding = None

@@ -123,7 +123,8 @@ class StepSelfAttention(nn.Module):
         qkv = F.linear(query, self.in_proj_weight, self.in_proj_bias)
         step, takes_strides = self.step, self.takes_strides
         if step is None and self.attention_fn is None:  # the library's choice for this call
-            step = choice.for_call(query.device.index, query.dtype, self.head_dim, tokens,
+            # qkv's dtype, not the input's: under autocast a float32 block's projection is bf16.
+            step = choice.for_call(query.device.index, qkv.dtype, self.head_dim, tokens,
                                    needs_grad=torch_op.needs_grad((qkv,)))
             if step is None:  # no step serves it: the block's own module does
                 return self._original[0](query, key, value, need_weights=False)

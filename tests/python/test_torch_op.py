@@ -471,9 +471,54 @@ class ChosenPerCall(Checks):
         self.assertTrue(ran)
         self.assert_close(out, expected)
 
-    def assert_close(self, out, expected):
+    def test_float32_models_under_autocast_run_the_steps(self):
+        # bf16 training as it is usually written: float32 weights and activations, attention
+        # under torch.autocast(bfloat16). The blocks get float32 inputs, but their projections
+        # (and SDPA's own arguments, which autocast casts) are bf16: the steps serve them.
+        from attention_steps import mha
+        torch.manual_seed(5)
+        vit = torchvision.models.VisionTransformer(
+            image_size=32, patch_size=8, num_layers=1, num_heads=2, hidden_dim=128,
+            mlp_dim=256).cuda()
+        torch.nn.init.normal_(vit.heads.head.weight)
+        images = torch.randn(2, 3, 32, 32, device="cuda")
+        module = torch.nn.MultiheadAttention(128, 2, batch_first=True).cuda()
+        x = torch.randn(2, 65, 128, device="cuda")
+        q, k, v = (torch.randn(2, 2, 65, 64, device="cuda") for _ in range(3))
+
+        def trained(model, *args, **kwargs):  # output and gradients of a forward and backward
+            model.zero_grad()
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                out, ran = self.ran_operator(model, *args, **kwargs)
+                out = out[0] if isinstance(out, tuple) else out
+            out.float().square().sum().backward()
+            return out, [p.grad.clone() for p in model.parameters()], ran
+
+        stock_vit, stock_mha = trained(vit, images), trained(module, x, x, x, need_weights=False)
+        self.assertEqual(steps.swap_attention(vit), 1)
+        holder = torch.nn.Sequential(module)
+        self.assertEqual(mha.swap_multihead_attention(holder), 1)
+        for name, (out, grads, ran), (want, want_grads, _) in (
+                ("torchvision ViT", trained(vit, images), stock_vit),
+                ("nn.MultiheadAttention", trained(holder[0], x, x, x, need_weights=False), stock_mha)):
+            with self.subTest(module=name):
+                self.assertTrue(ran, f"{name}: the step did not run under autocast")
+                self.assertEqual(out.dtype, want.dtype)
+                self.assert_close(out, want, 5e-2)
+                for grad, want_grad in zip(grads, want_grads):
+                    self.assert_close(grad, want_grad, 5e-2)
+        steps.use_steps()
+        self.addCleanup(steps.use_steps, False)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            expected = sdpa._pytorch_sdpa(q, k, v)
+            out, ran = self.ran_operator(F.scaled_dot_product_attention, q, k, v)
+        self.assertTrue(ran, "SDPA's entry did not run a step on float32 inputs under autocast")
+        self.assertEqual(out.dtype, torch.bfloat16)
+        self.assert_close(out, expected)
+
+    def assert_close(self, out, expected, tolerance=1e-2):
         error = (out.float() - expected.float()).norm() / expected.float().norm()
-        self.assertLessEqual(error.item(), 1e-2)
+        self.assertLessEqual(error.item(), tolerance)
 
 
 class Gradients(unittest.TestCase):
