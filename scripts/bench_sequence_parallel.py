@@ -14,7 +14,7 @@ one-GPU call's TFLOP/s (#32 asks for at least 0.9).
     torchrun --nproc-per-node 2 scripts/bench_sequence_parallel.py --csv sp2.csv
     torchrun --nproc-per-node 4 scripts/bench_sequence_parallel.py --causal --csv sp4_causal.csv
 
-Written for #32; not yet run on a GPU. Exit status: 0 done, 3 no CUDA device or operator.
+Chapter 19 has its results on 2 and 4 H200s. Exit status: 0 done, 3 no CUDA device or operator.
 """
 import argparse
 import csv
@@ -23,7 +23,7 @@ import sys
 
 import measuring
 
-FIELDS = ["gpus", "gpu_name", "dtype", "causal", "batch", "heads", "tokens", "tokens_per_gpu",
+FIELDS = ["gpus", "gpu_name", "nccl_streams", "dtype", "causal", "batch", "heads", "tokens", "tokens_per_gpu",
           "head_dim", "method", "median_ms", "low_ms", "high_ms", "tflops_per_gpu", "efficiency"]
 
 
@@ -38,6 +38,14 @@ def parse_arguments(argv):
     parser.add_argument("--methods", default="ring,all-to-all", type=lambda t: t.split(","))
     parser.add_argument("--windows", type=int, default=5)
     parser.add_argument("--calls", type=int, default=3, help="forward + backward calls a window")
+    parser.add_argument("--nccl-streams", choices=("high", "default"), default="high",
+                        help="the priority of NCCL's streams (ProcessGroupNCCL's "
+                             "is_high_priority_stream): high lets the ring's transfers start "
+                             "while the attention kernels still have blocks waiting")
+    parser.add_argument("--profile", metavar="PATH",
+                        help="after the timings, one more call of each row under torch.profiler; "
+                             "rank 0 writes its kernel table (by self CUDA time) to PATH and its "
+                             "trace beside it (PATH.D<head dim>.<method>.json)")
     parser.add_argument("--csv", required=True, help="written by rank 0")
     return parser.parse_args(argv)
 
@@ -67,7 +75,9 @@ def main(argv=None):
         print("needs a CUDA device and the operator (pip install --no-build-isolation ./python)",
               file=sys.stderr)
         return 3
-    dist.init_process_group("nccl")
+    options = dist.ProcessGroupNCCL.Options()
+    options.is_high_priority_stream = args.nccl_streams == "high"
+    dist.init_process_group("nccl", pg_options=options)
     rank, world = dist.get_rank(), dist.get_world_size()
     device = torch.device("cuda", rank % torch.cuda.device_count())
     torch.cuda.set_device(device)
@@ -113,6 +123,7 @@ def main(argv=None):
             baseline = baseline or tflops
             if writer:
                 row = {"gpus": world, "gpu_name": torch.cuda.get_device_name(device),
+                       "nccl_streams": args.nccl_streams,
                        "dtype": args.dtype, "causal": int(args.causal), "batch": args.batch,
                        "heads": args.heads, "tokens": args.tokens_per_gpu if method == "one GPU" else tokens,
                        "tokens_per_gpu": args.tokens_per_gpu, "head_dim": head_dim, "method": method,
@@ -121,8 +132,25 @@ def main(argv=None):
                 writer.writerow(row)
                 out.flush()
                 print(", ".join(f"{key}={value}" for key, value in row.items()), flush=True)
+        if args.profile:
+            profile_rows(torch, rows, head_dim, args.profile if rank == 0 else None)
     dist.destroy_process_group()
     return 0
+
+
+def profile_rows(torch, rows, head_dim, path):
+    """Where each row's time goes: its kernels, the steps', NCCL's and the merges', per GPU."""
+    from torch.profiler import ProfilerActivity, profile
+    for method, run, _ in rows:
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as recorded:
+            run()
+            torch.cuda.synchronize()
+        if path:
+            with open(path, "a") as table:
+                table.write(f"\n## D = {head_dim}, {method}\n")
+                table.write(recorded.key_averages().table(sort_by="self_cuda_time_total", row_limit=25))
+            recorded.export_chrome_trace(f"{path}.D{head_dim}.{method.replace(' ', '_')}.json")
 
 
 if __name__ == "__main__":

@@ -59,19 +59,22 @@ def merge_partials(outputs, log_sum_exps):
 
 
 class _Merged:
-    """O (fp32) and L of a GPU's queries, merged block by block as the ring turns."""
+    """O (fp32) and L of a GPU's queries, merged block by block as the ring turns. Two passes
+    over O per partial result (scale what is there, add the new part scaled): the weights are
+    computed on L, which is D times smaller."""
 
     def __init__(self, q):
         self.o = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
         self.lse = torch.full(q.shape[:3], float("-inf"), dtype=torch.float32, device=q.device)
 
     def add(self, rows, o_part, lse_part):
-        lse_old, o_old = self.lse[:, :, rows], self.o[:, :, rows]
+        lse_old = self.lse[:, :, rows]
         lse_new = torch.logaddexp(lse_old, lse_part)  # -inf where both are
         base = torch.where(torch.isfinite(lse_new), lse_new, torch.zeros_like(lse_new))
-        self.o[:, :, rows] = ((lse_old - base).exp().unsqueeze(-1) * o_old +
-                              (lse_part - base).exp().unsqueeze(-1) * o_part.float())
-        self.lse[:, :, rows] = lse_new
+        o = self.o[:, :, rows]  # a view: the updates below land in self.o
+        o.mul_((lse_old - base).exp().unsqueeze(-1))
+        o.addcmul_(o_part, (lse_part - base).exp().unsqueeze(-1))
+        lse_old.copy_(lse_new)
 
 
 def _chosen_step(q, backward, causal, masked, cross):
@@ -152,7 +155,8 @@ def _ring_backward(d_o, q, k, v, o, lse, mask, layout, group, causal, scale, det
     operator = torch.ops.attention_steps.attention_backward
     dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
     block = _own_block(k, v, mask)
-    block_grads = [torch.zeros(k.shape, dtype=torch.float32, device=k.device) for _ in range(2)]
+    grads = [torch.zeros(k.shape, dtype=torch.float32, device=k.device) for _ in range(2)]
+    grad_works = []
     for turn in range(size):
         source = (rank - turn) % size
         following = (source - 1) % size
@@ -160,26 +164,37 @@ def _ring_backward(d_o, q, k, v, o, lse, mask, layout, group, causal, scale, det
             works, arriving = _pass_on(block, _block_shapes(k, layout, following, mask), group,
                                        next_rank, previous_rank)
         keys, values = block[0], block[1]
+        parts = []
         for q_rows, k_rows, alignment, part_mask, step in _turn_calls(q, block, layout, rank, source,
                                                                       causal, True):
             dq_part, dk_part, dv_part = operator(
                 d_o[:, :, q_rows], q[:, :, q_rows], keys[:, :, k_rows], values[:, :, k_rows],
                 o[:, :, q_rows], lse[:, :, q_rows].contiguous(), step, scale, deterministic,
                 alignment, part_mask)
-            dq[:, :, q_rows] += dq_part.float()
-            block_grads[0][:, :, k_rows] += dk_part.float()
-            block_grads[1][:, :, k_rows] += dv_part.float()
+            dq[:, :, q_rows] += dq_part
+            parts.append((k_rows, dk_part, dv_part))
+        # `grads` holds what the GPUs before this one added to this block's dK and dV (it
+        # arrived while the calls above ran: the stream waits for it, the host does not); this
+        # GPU adds its part and passes them on with the block. After the last turn they reach
+        # the block's owner, and this GPU receives its own block's.
+        for work in grad_works:
+            work.wait()
+        for k_rows, dk_part, dv_part in parts:
+            grads[0][:, :, k_rows] += dk_part
+            grads[1][:, :, k_rows] += dv_part
         if size == 1:
             break  # (torch.distributed sends nothing to itself)
-        # This block's dK and dV go on with it; after the last turn they reach their owner, and
-        # this GPU receives its own block's.
-        grad_works, block_grads = _pass_on(block_grads, _block_shapes(k, layout, following, None),
-                                           group, next_rank, previous_rank)
-        for work in grad_works + (works if turn + 1 < size else []):
-            work.wait()
+        if turn + 1 == size:  # the last hop, whose wait nothing hides: the owner only rounds them
+            grads = [grads[0].to(k.dtype), grads[1].to(v.dtype)]  # to k's type, so send that
+        grad_works, grads = _pass_on(grads, _block_shapes(k, layout, following, None), group,
+                                     next_rank, previous_rank)
         if turn + 1 < size:
+            for work in works:
+                work.wait()
             block = arriving
-    return dq.to(q.dtype), block_grads[0].to(k.dtype), block_grads[1].to(v.dtype)
+    for work in grad_works:
+        work.wait()
+    return dq.to(q.dtype), grads[0].to(k.dtype), grads[1].to(v.dtype)
 
 
 class _RingAttention(torch.autograd.Function):
