@@ -78,12 +78,12 @@ def takes_strides(step):
 
 
 def projected_dtype(x):
-    """The dtype in which a projection of x reaches attention: autocast's lower precision where
-    autocast is on for x's device and x is float32 (a Linear under autocast returns that), else
+    """The dtype in which a projection of x reaches attention: CUDA autocast's lower precision
+    where it is on and x is a float32 CUDA tensor (a Linear under autocast returns that), else
     x's own. A float32 model trained under autocast hands its blocks float32 activations, but
     their attention runs in bf16 or fp16, which the steps take."""
-    if x.dtype == torch.float32 and torch.is_autocast_enabled(x.device.type):
-        return torch.get_autocast_dtype(x.device.type)
+    if x.is_cuda and x.dtype == torch.float32 and torch.is_autocast_enabled("cuda"):
+        return torch.get_autocast_dtype("cuda")
     return x.dtype
 
 

@@ -168,10 +168,10 @@ def _as_autocast_casts(*tensors):
     under autocast its float32 arguments reach its kernels in autocast's dtype (a float32 model
     trained under autocast(bfloat16) whose attention inputs come from a LayerNorm, say). This
     function replaces PyTorch's before autocast's cast, so it casts them alike."""
-    if not all(isinstance(t, torch.Tensor) for t in tensors) or \
-            not torch.is_autocast_enabled(tensors[0].device.type):
-        return tensors
-    dtype = torch.get_autocast_dtype(tensors[0].device.type)
+    if not all(isinstance(t, torch.Tensor) and t.is_cuda for t in tensors) or \
+            not torch.is_autocast_enabled("cuda"):
+        return tensors  # (the steps run CUDA tensors only; the rest is PyTorch's, uncast)
+    dtype = torch.get_autocast_dtype("cuda")
     return tuple(t.to(dtype) if t.dtype == torch.float32 else t for t in tensors)
 
 

@@ -5,7 +5,7 @@ self-attention and cross-attention, sequence-first and batch-first, packed or se
 projections, with a key-padding mask; q, k and v reach the step as views of the projections (one
 packed GEMM for self-attention of one tensor), with one set of strides where the layout allows;
 a stand-in that ignores the mask is caught; the calls the step cannot take (a float mask among
-them) go to the original module; restore puts the modules back. Then the models of
+them, and CPU tensors under CPU autocast) go to the original module; restore puts the modules back. Then the models of
 scripts/models_end_to_end.py (DETR with 3 encoder layers, SETR-Naive) swapped whole: outputs as
 before, every attention module used.
 
@@ -151,6 +151,19 @@ class Swap(unittest.TestCase):
         parent.attention.train()
         parent.attention(x, x, x, need_weights=False)  # dropout 0: the step still serves it
         self.assertEqual(stand_in.calls, 1)
+
+    def test_cpu_autocast_goes_to_the_module(self):
+        # The steps run CUDA tensors; under CPU autocast (bf16) a CPU call stays the module's,
+        # as PyTorch runs it (the library's choice is not even asked).
+        torch.manual_seed(4)
+        module = nn.MultiheadAttention(32, 4, batch_first=True).eval()
+        swapped = mha.StepMultiheadAttention(module).eval()  # the library's choice; no GPU table
+        x = torch.randn(2, 5, 32)
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+            want = module(x, x, x, need_weights=False)[0]
+            got = swapped(x, x, x, need_weights=False)[0]
+        self.assertEqual(got.dtype, want.dtype)
+        self.assertTrue(torch.equal(got, want))
 
     def test_restore(self):
         parent = nn.Module()
