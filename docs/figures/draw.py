@@ -676,6 +676,76 @@ def stage_ring():
     return svg.done()
 
 
+def sequence_layout_module():
+    """python/attention_steps/sequence_layout.py, loaded from its file (plain arithmetic: the
+    package's __init__, which wants the library, is not needed)."""
+    import importlib.util
+    path = os.path.join(REPO, "python", "attention_steps", "sequence_layout.py")
+    spec = importlib.util.spec_from_file_location("sequence_layout", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def ring_turns():
+    """Chapter 19: causal attention over a sequence split across 4 GPUs, balanced. Each cell is
+    a (query chunk, key chunk) block of the whole sequence, in the rows and columns of the
+    sequence; its colour is the ring turn at which the query chunk's GPU attends to that key
+    chunk (turn t: the keys of GPU rank - t). Drawn from SequenceLayout and causal_visibility
+    themselves, so it changes when they do."""
+    layout_module = sequence_layout_module()
+    world, tokens = 4, 128
+    layout = layout_module.SequenceLayout(tokens, world, balanced=True)
+    owner = {}
+    for rank in range(world):
+        for chunk in layout.chunks(rank):
+            owner[chunk] = rank
+    chunks = sorted(owner)
+    svg = Svg(840, 480, "Ring attention: the turns of a balanced causal split")
+    svg.text(20, 22, f"Causal attention split over {world} GPUs, balanced: {2 * world} chunks, GPU r "
+             f"holds chunks r and {2 * world - 1} - r", 14, weight="bold")
+    cell, left, top = 40, 80, 70
+    svg.text(left + len(chunks) * cell / 2, top - 26, "key chunk (its GPU)", 11, anchor="middle")
+    svg.text(20, top - 26, "query chunk (its GPU)", 11)
+    pairs = [0] * world
+    for row, query_rows in enumerate(chunks):
+        rank = owner[query_rows]
+        svg.text(left - 8, top + row * cell + cell / 2 + 4, f"{row} (GPU {rank})", 11, anchor="end")
+        for column, key_rows in enumerate(chunks):
+            source = owner[key_rows]
+            visible = layout_module.causal_visibility(query_rows, key_rows)
+            x, y = left + column * cell, top + row * cell
+            if row == 0:
+                svg.text(x + cell / 2, top - 8, f"{column} ({source})", 10, anchor="middle")
+            if visible == "none":
+                svg.rect(x, y, cell, cell, "#f4f4f4", stroke="#ccc")
+                continue
+            turn = (rank - source) % world
+            svg.rect(x, y, cell, cell, COLORS[turn], opacity=0.8 if visible == "all" else 0.35)
+            svg.text(x + cell / 2, y + cell / 2 + 4, f"t{turn}", 11, anchor="middle")
+            size = query_rows[1] - query_rows[0]
+            pairs[rank] += size * (key_rows[1] - key_rows[0]) if visible == "all" else size * (size + 1) // 2
+    x = left + len(chunks) * cell + 30
+    svg.text(x, top + 4, "Each GPU's queries, the pairs they see:", 12, weight="bold")
+    for rank in range(world):
+        svg.text(x, top + 26 + 20 * rank, f"GPU {rank}: {pairs[rank]} of {sum(pairs)} "
+                 f"({100 * pairs[rank] / sum(pairs):.1f}%)", 12)
+    svg.text(x, top + 120, "Colour: the ring turn t that computes the block", 12, weight="bold")
+    for turn in range(world):
+        svg.rect(x + 90 * turn, top + 132, 14, 14, COLORS[turn], opacity=0.8)
+        svg.text(x + 18 + 90 * turn, top + 144, f"turn {turn}", 11)
+    svg.text(x, top + 176, "(at turn t, GPU r attends to the keys of GPU r - t)", 11)
+    svg.rect(x, top + 196, 14, 14, COLORS[0], opacity=0.35)
+    svg.text(x + 20, top + 208, "a diagonal block: one top-left causal call", 11)
+    svg.rect(x, top + 220, 14, 14, "#f4f4f4", stroke="#ccc")
+    svg.text(x + 20, top + 232, "above the diagonal: no call", 11)
+    svg.text(20, top + len(chunks) * cell + 28, f"N = {tokens}: chunks of {tokens // (2 * world)} rows. "
+             "Unbalanced (GPU r holding chunk r alone), the last GPU's queries would see", 12)
+    svg.text(20, top + len(chunks) * cell + 46, f"{2 * world - 1} / {world * world} of all the pairs and "
+             f"the first GPU's 1 / {world * world}: the ring would wait for the slowest.", 12)
+    return svg.done()
+
+
 FIGURES = {
     "00-roofline.svg": roofline,
     "01-naive-thread.svg": naive_thread,
@@ -689,6 +759,7 @@ FIGURES = {
     "12-mask-tiles.svg": mask_tiles,
     "10-ring.svg": ring,
     "17-backward-block.svg": backward_block,
+    "19-ring-turns.svg": ring_turns,
 }
 
 
