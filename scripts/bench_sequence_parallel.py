@@ -71,9 +71,9 @@ def main(argv=None):
     from attention_steps import choice, torch_op
     from attention_steps.sequence_parallel import (SequenceLayout, all_to_all_attention,
                                                    ring_attention)
-    if not torch.cuda.is_available() or not torch_op.available():
-        print("needs a CUDA device and the operator (pip install --no-build-isolation ./python)",
-              file=sys.stderr)
+    why_not = measuring.cannot_run(torch, torch_op, "measured")
+    if why_not:
+        print(why_not, file=sys.stderr)
         return 3
     options = dist.ProcessGroupNCCL.Options()
     options.is_high_priority_stream = args.nccl_streams == "high"

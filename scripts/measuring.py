@@ -37,6 +37,16 @@ def category_of(name):
 
 
 
+def cannot_run(torch, torch_op, outcome):
+    """Why a script that needs a CUDA device and the operator cannot run ("nothing {outcome}"),
+    the line it prints before exiting 3; None when it can."""
+    if not torch.cuda.is_available():
+        return f"torch sees no CUDA device: nothing {outcome}"
+    if not torch_op.available():
+        return f"the operator is not built: {torch_op.BUILD_COMMAND}"
+    return None
+
+
 def each_call_ms(torch, runs, *, hold_ms=0.0, before=None):
     """Milliseconds of each call in `runs` (callables), CUDA events around each, queued back to
     back with no synchronisation between them. hold_ms > 0 first queues a busy-wait kernel of

@@ -276,11 +276,9 @@ def main(argv=None):
     import torchvision
     from attention_steps import mha, torch_op
     import measuring  # beside this script: the timing and the profiler's categories it shares
-    if not torch.cuda.is_available():
-        print("torch sees no CUDA device: nothing measured", file=sys.stderr)
-        return 3
-    if not torch_op.available():
-        print("the operator is not built: pip install --no-build-isolation ./python", file=sys.stderr)
+    why_not = measuring.cannot_run(torch, torch_op, "measured")
+    if why_not:
+        print(why_not, file=sys.stderr)
         return 3
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False  # fp32: exact
     if args.compile_helper:

@@ -217,12 +217,11 @@ def profile(torch, torchvision, dist, args, rank, world, device, writer):
                 torch.cuda.synchronize()
                 wall_ms = (time.perf_counter() - start) * 1e3 / args.steps
             events = prof.key_averages()
-            kernel_us = sum(e.self_device_time_total for e in events if e.device_type.name == "CUDA")
-            nccl_us = sum(e.self_device_time_total for e in events
-                          if e.device_type.name == "CUDA" and "nccl" in e.key.lower())
-            attention_us = sum(e.self_device_time_total for e in events
-                               if e.device_type.name == "CUDA" and any(
-                                   word in e.key.lower() for word in ("attention", "flash", "fmha")))
+            kernels = [e for e in events if e.device_type.name == "CUDA"]
+            kernel_us = sum(e.self_device_time_total for e in kernels)
+            nccl_us = sum(e.self_device_time_total for e in kernels if "nccl" in e.key.lower())
+            attention_us = sum(e.self_device_time_total for e in kernels
+                               if measuring.category_of(e.key) == "attention")
             if writer:
                 with open(f"{args.csv}.{attention}.txt", "w") as table:
                     table.write(events.table(sort_by="self_cuda_time_total", row_limit=40))
@@ -248,11 +247,9 @@ def main(argv=None):
     import torchvision
 
     from attention_steps import torch_op
-    if not torch.cuda.is_available():
-        print("torch sees no CUDA device: nothing trained", file=sys.stderr)
-        return 3
-    if not torch_op.available():
-        print(f"the operator is not built: {torch_op.BUILD_COMMAND}", file=sys.stderr)
+    why_not = measuring.cannot_run(torch, torch_op, "trained")
+    if why_not:
+        print(why_not, file=sys.stderr)
         return 3
     dist.init_process_group("nccl")  # torchrun's environment: RANK, WORLD_SIZE, MASTER_ADDR
     rank, world = dist.get_rank(), dist.get_world_size()

@@ -365,11 +365,10 @@ def main(argv=None):
         return 3
     import torch
     from attention_steps import sdpa, torch_op
-    if not torch.cuda.is_available():
-        print("torch sees no CUDA device: nothing trained", file=sys.stderr)
-        return 3
-    if not torch_op.available():
-        print(f"the operator is not built: {torch_op.BUILD_COMMAND}", file=sys.stderr)
+    import measuring  # beside this script (imported here: the tests load this file from elsewhere)
+    why_not = measuring.cannot_run(torch, torch_op, "trained")
+    if why_not:
+        print(why_not, file=sys.stderr)
         return 3
     started = time.time()
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, {args.steps} steps, seed "

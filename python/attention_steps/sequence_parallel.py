@@ -51,15 +51,14 @@ def merge_partials(outputs, log_sum_exps):
     """(O, L) of attention over the union of disjoint key sets, from (O_i, L_i) over each: O_i
     [B, H, N, D], L_i fp32 [B, H, N]. Returns O in fp32 and L; rows no set has a key for get
     O = 0 and L = -inf."""
-    lse = torch.stack([l.float() for l in log_sum_exps]).logsumexp(0)
-    base = torch.where(torch.isfinite(lse), lse, torch.zeros_like(lse))
-    out = sum((l.float() - base).exp().unsqueeze(-1) * o.float()
-              for o, l in zip(outputs, log_sum_exps))
-    return out, lse
+    merged = _Merged(outputs[0])
+    for o, l in zip(outputs, log_sum_exps):
+        merged.add(slice(None), o, l.float())
+    return merged.o, merged.lse
 
 
 class _Merged:
-    """O (fp32) and L of a GPU's queries, merged block by block as the ring turns. Two passes
+    """O (fp32) and L of a GPU's queries, merged block by block (as the ring turns). Two passes
     over O per partial result (scale what is there, add the new part scaled): the weights are
     computed on L, which is D times smaller."""
 

@@ -74,8 +74,7 @@ struct Tiles {
   // (D = 80 and 96 in the D = 128 tiles). dS^T, whose columns are the Q tile's rows, keeps the
   // 128-byte swizzle at every D.
   static constexpr int kTileColumns = kTileColumns_;
-  static constexpr hopper::Swizzle kSwizzle =
-      kTileColumns % 64 == 0 ? hopper::Swizzle::bytes128 : hopper::Swizzle::bytes64;
+  static constexpr hopper::Swizzle kSwizzle = hopper::head_dim_swizzle(kTileColumns);
   static constexpr int kSwizzleColumns = hopper::row_columns(kSwizzle);
   static constexpr int kColumnBlocks = kTileColumns / kSwizzleColumns;
   static constexpr hopper::Swizzle kDsSwizzle = hopper::Swizzle::bytes128;
