@@ -28,6 +28,9 @@
 
 namespace hopper {
 
+// The most shared memory a block of an H100 or H200 may ask for (227 KB).
+constexpr uint32_t kMaxSharedBytesPerBlock = 232448;
+
 // The values are the descriptor's swizzle field (bits 62-63).
 enum class Swizzle : uint32_t { bytes128 = 1, bytes64 = 2, bytes32 = 3 };
 

@@ -22,9 +22,11 @@
 //     the current one, and O leaves through a staging buffer and an asynchronous TMA store (L,
 //     when asked for, with plain stores, as in v6 and v7).
 //
-// Serves head dims 32, 64, 80, 96 and 128 (those not a multiple of 64 in 32-column blocks with
-// the 64-byte swizzle, 80 padded to 96 in shared memory), in fp16 or bf16 (the kernel is a template on the element type,
-// which the tensor maps and the wgmma instructions name; chapter 16), and N_k keys for N queries
+// Serves head dims 32, 64, 80, 96, 128 and 256 (those not a multiple of 64 in 32-column blocks
+// with the 64-byte swizzle, 80 padded to 96 in shared memory; at D = 256 O is staged in the Q
+// buffer, below), in fp16 or bf16 (the
+// kernel is a template on the element type, which the tensor maps and the wgmma instructions
+// name; chapter 16), and N_k keys for N queries
 // (cross-attention: K's and V's maps have N_k rows, the K/V walk counts them). Tile sizes per
 // head dim are chosen by measurement (chapter 10); under the causal mask at D = 64, three
 // consumers share 192-row tiles against 128-key ones (chapter 12). The rings, wgmma groups and staging buffer are
@@ -68,7 +70,8 @@ struct Tiles {
   static constexpr int kHeadDim = kHeadDim_;
   // Tiles in swizzle blocks of 64 or 32 columns, padded to whole blocks (hopper/layout.cuh): the
   // zero columns past D add 0 to S = Q K^T, give O columns that are 0, and the store of O clips
-  // them.
+  // them. (D = 80 in five 16-column blocks, no padding, measured slower than in 96 columns:
+  // chapter 10.)
   static constexpr hopper::Swizzle kSwizzle = hopper::head_dim_swizzle(kHeadDim);
   static constexpr int kSwizzleColumns = hopper::row_columns(kSwizzle);
   static constexpr int kTileColumns = hopper::tile_columns(kHeadDim);
@@ -91,18 +94,26 @@ struct Tiles {
   static constexpr uint32_t kKVBytes = kBlockN * kTileColumns * kElementBytes;  // zeros included
   static_assert(hopper::has_wgmma(kBlockN), "a key tile that ptx.cuh has a wgmma for");
   static_assert(kQBytes % 1024 == 0 && kKVBytes % 1024 == 0, "tiles keep 1024-byte alignment");
+  // O leaves through a staging tile of its own, unless Q, O and the K/V stages would not fit in
+  // the SM's 227 KB (D = 256): then each consumer stages its O in its own rows of the Q buffer,
+  // which its S = Q K^T no longer reads, and frees the buffer once the store has read them.
+  // (1024 bytes of the budget are left for the barriers and 1024 for aligning the storage.)
+  static constexpr uint32_t kTilesBytes = (kQBuffers + 1) * kQBytes + 2 * kStages * kKVBytes;
+  static constexpr bool kOutputInQ = kTilesBytes + 2048 > hopper::kMaxSharedBytesPerBlock;
+  static_assert(!kOutputInQ || kQBuffers == 1, "O staged in Q only with one Q buffer");
 };
 
-// Shared memory: the Q buffers, the O staging tile, the K stages and the V stages (each a
-// multiple of 1024 bytes, so every tile keeps the swizzle's 1024-byte alignment), then a full
-// and an empty barrier per Q buffer, per K stage and per V stage. Element: __half or
-// __nv_bfloat16, the same size, so the bytes below are the same for both.
+// Shared memory: the Q buffers, the K stages, the V stages and the O staging tile (each a
+// multiple of 1024 bytes, so every tile keeps the swizzle's 1024-byte alignment; no staging tile
+// when O is staged in Q), then a full and an empty barrier per Q buffer, per K stage and per V stage.
+// Element: __half or __nv_bfloat16, the same size, so the bytes below are the same for both.
+struct NoStagingTile {};
 template <typename T, typename Element = __half>
 struct SharedStorage {
   Element q[T::kQBuffers][T::kBlockM * T::kTileColumns];  // [column block][kBlockM][64 or 32]
-  Element o[T::kBlockM * T::kTileColumns];
   Element k[T::kStages][T::kBlockN * T::kTileColumns];    // [column block][kBlockN][64 or 32]
   Element v[T::kStages][T::kBlockN * T::kTileColumns];
+  std::conditional_t<T::kOutputInQ, NoStagingTile, Element[T::kBlockM * T::kTileColumns]> o;
   uint64_t q_full[T::kQBuffers], q_empty[T::kQBuffers];
   uint64_t k_full[T::kStages], k_empty[T::kStages];
   uint64_t v_full[T::kStages], v_empty[T::kStages];
@@ -453,7 +464,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
 
     q_ring.wait_full(q_use);
     if (kCausal && kv_tiles == 0) {  // every row above the diagonal: O = 0, L = -inf
-      q_ring.release(q_use, lane, groups);
+      if constexpr (!T::kOutputInQ) q_ring.release(q_use, lane, groups);
     } else {
       // Visit 0 is the last K/V tile: the only one that can hold keys past N_k (their K rows are
       // TMA's zeros), which get -inf, so p = 0. Under the causal mask the first visits, from the
@@ -497,7 +508,8 @@ __global__ void __launch_bounds__(T::kThreads, 1)
         policies::rescale_rows<kTileColumns>(o_acc, correction);
         pack_probabilities<T, Element>(p_fragments, s_acc);
       }
-      q_ring.release(q_use, lane, groups);  // every S = Q K^T of this work tile is complete
+      // Every S = Q K^T of this work tile is complete: Q is free (or, staging O, free to take it).
+      if constexpr (!T::kOutputInQ) q_ring.release(q_use, lane, groups);
       v_ring.wait_full(kv_use + kv_tiles - 1);
       issue_output(kv_use + kv_tiles - 1);
       await_output<T>(groups, o_acc, p_fragments);
@@ -505,9 +517,20 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     }
     kv_use += kv_tiles;
 
-    hopper::store_output<T, kWritesLse, kMasked || kCausal>(smem.o, o_staging, o_map, o_acc, row_max,
+    Element* o_tile;
+    if constexpr (T::kOutputInQ) {
+      o_tile = smem.q[q_ring.slot(q_use)];
+    } else {
+      o_tile = smem.o;
+    }
+    hopper::store_output<T, kWritesLse, kMasked || kCausal>(o_tile, o_staging, o_map, o_acc, row_max,
                                                            row_sum, row_lse, tile, tokens, consumer,
                                                            my_row0, warp, lane, scale_log2);
+    if constexpr (T::kOutputInQ) {  // the Q buffer is free once the store has read this O
+      if (thread_in_group == 0) o_staging.wait_read();
+      o_staging.sync();
+      q_ring.release(q_use, lane, groups);
+    }
   }
   if (consumer == 0) turns.wait_for_turn();  // the turn the last consumer passed last: every arrival is met
   if (thread_in_group == 0) o_staging.wait();  // shared memory must outlive the stores
@@ -553,6 +576,8 @@ void launch_for(const attn::AttentionArgs& args) {
 // buffers by 10%. A define replaces one, as scripts/tune.sh v8 does: -DATTN_V8_TILES_D64=128\,2\,2.
 // The head dims of the other models (chapter 14): at D = 32 (DETR), 176-key tiles, which 1050
 // keys fill to 99%; at D = 80 (ViT-H/14), 144-key tiles, which 257 keys fill to 89%; at D = 96, 176.
+// At D = 256 a 128-row Q tile alone is 64 KB: one Q buffer, O staged in it, and 80-key tiles in
+// two stages fill the rest (S and P of 80 keys beside O's 128 accumulators a thread).
 #ifndef ATTN_V8_TILES_D32
 #define ATTN_V8_TILES_D32 176, 2, 2
 #endif
@@ -567,6 +592,9 @@ void launch_for(const attn::AttentionArgs& args) {
 #endif
 #ifndef ATTN_V8_TILES_D128
 #define ATTN_V8_TILES_D128 160, 2, 1
+#endif
+#ifndef ATTN_V8_TILES_D256
+#define ATTN_V8_TILES_D256 80, 2, 1
 #endif
 // Under the causal mask a work tile walks half the K/V tiles on average, so what a work tile
 // costs besides its visits (its first S = Q K^T alone, its last P V alone, its epilogue) weighs
@@ -585,11 +613,11 @@ void launch_for(const attn::AttentionArgs& args) {
 // The causal list differs at D = 64 only.
 using TileTable = attn::TileTable<Tiles<32, ATTN_V8_TILES_D32>, Tiles<64, ATTN_V8_TILES_D64>,
                                   Tiles<80, ATTN_V8_TILES_D80>, Tiles<96, ATTN_V8_TILES_D96>,
-                                  Tiles<128, ATTN_V8_TILES_D128>>;
+                                  Tiles<128, ATTN_V8_TILES_D128>, Tiles<256, ATTN_V8_TILES_D256>>;
 using CausalTileTable =
     attn::TileTable<Tiles<32, ATTN_V8_TILES_D32>, Tiles<64, ATTN_V8_CAUSAL_TILES_D64>,
                     Tiles<80, ATTN_V8_TILES_D80>, Tiles<96, ATTN_V8_TILES_D96>,
-                    Tiles<128, ATTN_V8_CAUSAL_TILES_D128>>;
+                    Tiles<128, ATTN_V8_CAUSAL_TILES_D128>, Tiles<256, ATTN_V8_TILES_D256>>;
 
 // Calls body(table, causal) with the list of the mask, causal as a compile-time flag.
 template <typename Body>
