@@ -20,11 +20,18 @@
 // share the Q and dO of a few slices in L2.
 //
 // Under a causal mask a forward's row tile near the bottom walks many more K/V tiles than one
-// near the top, and when the tiles per slice divide the blocks (33 into 132 at N = 4097) a persistent
-// block would take the same row tile every round: the block with the longest would take twice
-// the mean. So with kBalanceRounds every other full round hands its tiles out in reverse, and a
-// block that took a long row tile in one round takes the matching short one in the next (a
-// permutation of the round: every tile is still taken once).
+// near the top, and walked slice by slice a persistent block keeps about the same place in each
+// slice round after round: where the tiles per slice divide the blocks (33 into 132 at N = 4097)
+// exactly the same row tile, and at (1, 16, 16384) with 128 row tiles a place that moves by 4 a
+// round, so the busiest block walks 1.54 times the mean (scripts/causal_walk.py counts it). So a
+// causal walk (kCausalWalk) hands every other full round's tiles out in reverse, so a block that
+// took a long row tile in one round takes a short one in the next (a permutation of the round:
+// every tile is still taken once); and where the launch asks for it (longest_first), it hands out
+// the bottom row tile of every slice first, then the one above it, and so on up: the longest work
+// first, the short tiles filling in at the end (1.008 times the mean at (1, 16, 16384)). That
+// order gives up the L2 reuse of the slice-by-slice walk, whose blocks work on neighbouring row
+// tiles of a few slices and read the same K/V tiles together: a step asks for it only where each
+// slice still has several blocks at once (chapter 20).
 #pragma once
 
 namespace policies {
@@ -65,19 +72,22 @@ struct TileScheduler {
 
 // The persistent walk: for (int index = first(); index < work_tiles; index = next(index)),
 // the work tile at(index).
-template <int kRowsPerTile, bool kBalanceRounds = false>
+template <int kRowsPerTile, bool kCausalWalk = false>
 struct PersistentScheduler : TileScheduler<kRowsPerTile> {
   int work_tiles;
+  bool longest_first;  // a causal walk's order: the longest row tiles of all slices first
 
   __device__ __forceinline__ int first() const { return int(blockIdx.x); }
   __device__ __forceinline__ int next(int index) const { return index + int(gridDim.x); }
   __device__ __forceinline__ WorkTile at(int index) const {
-    if (kBalanceRounds) {
-      const int blocks = int(gridDim.x), round_start = index / blocks * blocks;
-      const bool whole_round = round_start + blocks <= work_tiles;  // the last may be partial
-      if ((index / blocks) % 2 == 1 && whole_round) index = round_start + blocks - 1 - (index - round_start);
-    }
-    return TileScheduler<kRowsPerTile>::at(index);
+    if (!kCausalWalk) return TileScheduler<kRowsPerTile>::at(index);
+    const int blocks = int(gridDim.x), round_start = index / blocks * blocks;
+    const bool whole_round = round_start + blocks <= work_tiles;  // the last may be partial
+    if ((index / blocks) % 2 == 1 && whole_round) index = round_start + blocks - 1 - (index - round_start);
+    if (!longest_first) return TileScheduler<kRowsPerTile>::at(index);
+    const int slices = work_tiles / this->tiles_per_slice;
+    const int slice = index % slices, tile = this->tiles_per_slice - 1 - index / slices;
+    return {slice, slice % this->heads, slice / this->heads, tile, tile * kRowsPerTile};
   }
 };
 

@@ -58,8 +58,8 @@ using hopper::Buffer;
 using hopper::NamedBarrier;
 using policies::kPaddedScore;
 using policies::WorkTile;
-// The persistent walk over (slice, 128-row tile) work tiles; under the causal mask its rounds
-// alternate direction (policies/tile_scheduler.cuh).
+// The persistent walk over (slice, 128-row tile) work tiles; under the causal mask the longest
+// row tiles of every slice first, its rounds alternating direction (policies/tile_scheduler.cuh).
 template <typename T, bool kCausal>
 using Scheduler = policies::PersistentScheduler<T::kBlockM, kCausal>;
 
@@ -554,6 +554,10 @@ void launch_for(const attn::AttentionArgs& args) {
   if (args.max_persistent_blocks > 0) blocks = std::min(blocks, args.max_persistent_blocks);
   const float scale_log2 = float(M_LOG2E * args.scale);
   const int diagonal = int(attn::causal_diagonal(args.causal, args.tokens, args.kv_tokens));
+  // A causal walk hands out the longest row tiles first where each slice still has at least 4
+  // blocks at once, which read its K/V tiles from L2 together; with fewer the blocks fetch them
+  // from HBM one by one, and at D = 128 that cost more than the balance won (chapter 20).
+  const bool longest_first = kCausal && blocks >= 4 * slices;
   attn::with_flags(
       [&](auto lse, auto masked) {
         auto kernel = warp_specialized_attention_kernel<T, decltype(lse)::value, Element,
@@ -563,7 +567,7 @@ void launch_for(const attn::AttentionArgs& args) {
         kernel<<<blocks, T::kThreads, kSharedBytes<T>, args.stream>>>(
             maps.q, maps.k, maps.v, maps.o, args.log_sum_exp, args.key_padding_mask, args.tokens,
             policies::Mask<kCausal>{args.kv_tokens, diagonal},
-            Scheduler<T, kCausal>{{row_tiles, args.heads}, int(work_tiles)}, scale_log2);
+            Scheduler<T, kCausal>{{row_tiles, args.heads}, int(work_tiles), longest_first}, scale_log2);
       },
       args.log_sum_exp != nullptr, args.key_padding_mask != nullptr);
   CUDA_CHECK_LAUNCH();
