@@ -79,9 +79,11 @@ struct PersistentScheduler : TileScheduler<kRowsPerTile> {
 
   __device__ __forceinline__ int first() const { return int(blockIdx.x); }
   __device__ __forceinline__ int next(int index) const { return index + int(gridDim.x); }
-  __device__ __forceinline__ WorkTile at(int index) const {
+  __device__ __forceinline__ WorkTile at(int index) const { return walk(index, int(gridDim.x)); }
+  // The work tile at `index` of a launch of `blocks` blocks (on the host too, for the tests).
+  __host__ __device__ __forceinline__ WorkTile walk(int index, int blocks) const {
     if (!kCausalWalk) return TileScheduler<kRowsPerTile>::at(index);
-    const int blocks = int(gridDim.x), round_start = index / blocks * blocks;
+    const int round_start = index / blocks * blocks;
     const bool whole_round = round_start + blocks <= work_tiles;  // the last may be partial
     if ((index / blocks) % 2 == 1 && whole_round) index = round_start + blocks - 1 - (index - round_start);
     if (!longest_first) return TileScheduler<kRowsPerTile>::at(index);
