@@ -24,14 +24,13 @@
 //
 // Serves head dims 32, 64, 80, 96, 128 and 256 (those not a multiple of 64 in 32-column blocks
 // with the 64-byte swizzle, 80 padded to 96 in shared memory; at D = 256 O is staged in the Q
-// buffer, below), in fp16 or bf16 (the
-// kernel is a template on the element type, which the tensor maps and the wgmma instructions
-// name; chapter 16), and N_k keys for N queries
+// buffer, below), in fp16 or bf16 (the kernel is a template on the element type, which the
+// tensor maps and the wgmma instructions name; chapter 16), and N_k keys for N queries
 // (cross-attention: K's and V's maps have N_k rows, the K/V walk counts them). Tile sizes per
-// head dim are chosen by measurement (chapter 10); under the causal mask at D = 64, three
-// consumers share 192-row tiles against 128-key ones (chapter 12). The rings, wgmma groups and staging buffer are
-// the pieces of steps/hopper/pipeline.cuh, which the checked build (cmake
-// -DATTN_CHECKED_PIPELINE=ON) turns into a checker of the protocol.
+// head dim are chosen by measurement (chapters 10 and 20); under the causal mask at D = 64,
+// three consumers share 192-row tiles against 128-key ones (chapter 12). The rings, wgmma groups
+// and staging buffer are the pieces of steps/hopper/pipeline.cuh, which the checked build
+// (cmake -DATTN_CHECKED_PIPELINE=ON) turns into a checker of the protocol.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
