@@ -28,8 +28,16 @@
 
 namespace hopper {
 
-// The most shared memory a block of an H100 or H200 may ask for (227 KB).
-constexpr uint32_t kMaxSharedBytesPerBlock = 232448;
+// The most shared memory a block of an H100 or H200 may ask for (227 KB): the budget of compute
+// capability 9.0 in the contract's table of GPUs (attn::kSharedBudgets).
+constexpr uint32_t hopper_shared_budget() {
+  for (const attn::SharedBudget& budget : attn::kSharedBudgets) {
+    if (budget.capabilities[0] == 90) return uint32_t(budget.bytes);
+  }
+  return 0;
+}
+constexpr uint32_t kMaxSharedBytesPerBlock = hopper_shared_budget();
+static_assert(kMaxSharedBytesPerBlock > 0, "the contract's table names the Hopper budget");
 
 // The values are the descriptor's swizzle field (bits 62-63).
 enum class Swizzle : uint32_t { bytes128 = 1, bytes64 = 2, bytes32 = 3 };

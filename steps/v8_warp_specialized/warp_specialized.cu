@@ -70,7 +70,7 @@ struct Tiles {
   // Tiles in swizzle blocks of 64 or 32 columns, padded to whole blocks (hopper/layout.cuh): the
   // zero columns past D add 0 to S = Q K^T, give O columns that are 0, and the store of O clips
   // them. (D = 80 in five 16-column blocks, no padding, measured slower than in 96 columns:
-  // chapter 10.)
+  // chapter 20.)
   static constexpr hopper::Swizzle kSwizzle = hopper::head_dim_swizzle(kHeadDim);
   static constexpr int kSwizzleColumns = hopper::row_columns(kSwizzle);
   static constexpr int kTileColumns = hopper::tile_columns(kHeadDim);
