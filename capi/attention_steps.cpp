@@ -423,6 +423,7 @@ int attn_step_get(int index, attn_step_info* info) {
     info->takes_kv_tokens = step.takes_kv_tokens ? 1 : 0;
     info->takes_key_padding_mask = step.takes_key_padding_mask ? 1 : 0;
     info->takes_causal = step.takes_causal ? 1 : 0;
+    info->takes_packed_sequences = step.takes_packed_sequences ? 1 : 0;
   });
 }
 
@@ -533,6 +534,112 @@ attn::Causal causal_of(int causal) {
                 "ATTN_CAUSAL_TOP_LEFT (1) or ATTN_CAUSAL_BOTTOM_RIGHT (2)"};
 }
 
+// Packed sequences ([total, H, D] tensors, attn_launch_args::cu_seqlens_q): the same checks as
+// launch_call's, on the packed tensors' sizes, strides and spans. The shape judged against the
+// step is the longest sequence's (its head dim, dtype, shared memory and masks).
+void launch_packed_call(const attn::StepInfo& step, const attn_launch_args& call) {
+  if (!step.takes_packed_sequences) {
+    throw Refused{step.id + " does not serve packed sequences (cu_seqlens_q; it takes no batch "
+                  "of sequences of different lengths)"};
+  }
+  if (call.key_padding_mask != nullptr) {
+    throw Refused{"key_padding_mask with cu_seqlens_q: packed sequences take no key-padding mask "
+                  "(each sequence's keys are its own)"};
+  }
+  attn::Shape shape =
+      with_dtype(shape_of(call.batch, call.heads, call.tokens, call.head_dim), call.dtype);
+  if (call.kv_tokens != 0) shape.kv_tokens = keys_of(call.kv_tokens, call.batch, call.heads, call.head_dim);
+  shape.causal = causal_of(call.causal);
+  const int64_t total = call.total_tokens, kv_total = call.total_kv_tokens != 0 ? call.total_kv_tokens : total;
+  for (const auto& [name, value] : {std::pair<const char*, int64_t>{"total_tokens", total},
+                                    {"total_kv_tokens", kv_total}}) {
+    if (value < 0 || value > INT_MAX) {
+      throw Refused{std::string(name) + " " + std::to_string(value) + ": it must lie in 0 .. " +
+                    std::to_string(INT_MAX)};
+    }
+  }
+  if (total > 0 && kv_total == 0) {
+    throw Refused{"total_kv_tokens 0 with queries: no sequence has a key to attend to"};
+  }
+  if (call.log_sum_exp != nullptr && !step.writes_log_sum_exp) {
+    throw Refused{step.id + " does not write L (the log-sum-exp); steps that do have "
+                  "writes_log_sum_exp in their info"};
+  }
+  check_scale(call.scale);
+  // [total, H, D] tensors: the token and head strides given, or (H D, D).
+  auto packed_strides = [&](const char* name, const attn_strides& given) {
+    const attn::TensorStrides strides{0, given.head != 0 ? given.head : call.head_dim,
+                                      given.token != 0 ? given.token : call.heads * call.head_dim};
+    if (strides.head < call.head_dim || strides.token < call.head_dim || strides.head % 8 != 0 ||
+        strides.token % 8 != 0) {
+      throw Refused{std::string(name) + " strides {head " + std::to_string(strides.head) +
+                    ", token " + std::to_string(strides.token) +
+                    "}: each must be a multiple of 8 elements (16 bytes) and at least head_dim (" +
+                    std::to_string(call.head_dim) + ")"};
+    }
+    return strides;
+  };
+  const attn::TensorStrides qkv = packed_strides("qkv", call.qkv_strides);
+  const attn::TensorStrides o = packed_strides("o", call.o_strides);
+  const bool packed_contiguous = qkv.head == call.head_dim && qkv.token == call.heads * call.head_dim &&
+                                 o.head == qkv.head && o.token == qkv.token;
+  if (!packed_contiguous && !step.takes_strides) {
+    throw Refused{step.id + " reads and writes contiguous [total, H, D] tensors only"};
+  }
+  if (call.cu_seqlens_k == nullptr && kv_total != total) {
+    throw Refused{"total_kv_tokens differs from total_tokens: give cu_seqlens_k too"};
+  }
+  const bool query_cuda = call.pointers_checked_by_caller == 0;
+  const int device = device_for_launch(step, shape);
+  if (total == 0) return;  // every sequence empty: nothing to compute
+  for (const auto& [name, pointer] : {std::pair<const char*, const void*>{"q", call.q}, {"k", call.k},
+                                       {"v", call.v}, {"o", call.o}}) {
+    check_pointer(name, pointer, device, query_cuda);
+  }
+  for (const auto& [name, pointer] : {std::pair<const char*, const void*>{"cu_seqlens_q", call.cu_seqlens_q},
+                                       {"cu_seqlens_k", call.cu_seqlens_k}}) {
+    if (pointer != nullptr) check_pointer(name, pointer, device, query_cuda);
+  }
+  auto span = [&](const attn::TensorStrides& strides, int64_t rows) {
+    return std::size_t((rows - 1) * strides.token + (call.heads - 1) * strides.head + call.head_dim) *
+           sizeof(__half);
+  };
+  const std::size_t q_bytes = span(qkv, total), kv_bytes = span(qkv, kv_total), o_bytes = span(o, total);
+  for (const auto& [name, input, bytes] :
+       {std::tuple<const char*, const void*, std::size_t>{"q", call.q, q_bytes}, {"k", call.k, kv_bytes},
+        {"v", call.v, kv_bytes}}) {
+    if (overlaps(call.o, o_bytes, input, bytes)) {
+      throw Refused{std::string("o overlaps ") + name + ": the output must not share memory with an input"};
+    }
+  }
+  attn::AttentionArgs args = args_for(shape, call.q, call.k, call.v, call.o, nullptr, call.stream);
+  if (call.scale > 0.0) args.scale = call.scale;
+  args.qkv_strides = {0, qkv.head, qkv.token};
+  args.o_strides = {0, o.head, o.token};
+  args.sequences.cu_seqlens_q = static_cast<const int32_t*>(call.cu_seqlens_q);
+  args.sequences.cu_seqlens_k = static_cast<const int32_t*>(call.cu_seqlens_k != nullptr ? call.cu_seqlens_k
+                                                                                          : call.cu_seqlens_q);
+  args.sequences.total_tokens = int(total);
+  args.sequences.total_kv_tokens = int(kv_total);
+  if (call.log_sum_exp != nullptr) {
+    check_pointer("log_sum_exp", call.log_sum_exp, device, query_cuda);
+    const std::size_t rows_bytes = std::size_t(call.heads * total) * sizeof(float);
+    for (const auto& [name, tensor, bytes] :
+         {std::tuple<const char*, const void*, std::size_t>{"q", call.q, q_bytes}, {"k", call.k, kv_bytes},
+          {"v", call.v, kv_bytes}, {"o", call.o, o_bytes}}) {
+      if (overlaps(call.log_sum_exp, rows_bytes, tensor, bytes)) {
+        throw Refused{std::string("log_sum_exp overlaps ") + name +
+                      ": L must not share memory with an input or O"};
+      }
+    }
+    args.log_sum_exp = static_cast<float*>(call.log_sum_exp);
+  }
+  if (step.workspace_for(shape) != 0) {
+    throw std::logic_error(step.id + " takes packed sequences and asks for a workspace: not served");
+  }
+  launch(step, args);
+}
+
 // attn_launch, which every attn_run* function is a case of. Nothing is queued unless every
 // argument is accepted.
 void launch_call(const char* id, const attn_launch_args& call) {
@@ -540,6 +647,11 @@ void launch_call(const char* id, const attn_launch_args& call) {
   if (attn::is_backward(step.kind)) {
     throw Refused{step.id + " is a backward step (dQ, dK, dV from dO); the C ABI runs forward "
                   "steps"};
+  }
+  if (call.cu_seqlens_q != nullptr) return launch_packed_call(step, call);
+  if (call.cu_seqlens_k != nullptr || call.total_tokens != 0 || call.total_kv_tokens != 0) {
+    throw Refused{"cu_seqlens_k, total_tokens or total_kv_tokens without cu_seqlens_q: packed "
+                  "sequences need the query lengths' prefix sums"};
   }
   attn::Shape shape =
       with_dtype(shape_of(call.batch, call.heads, call.tokens, call.head_dim), call.dtype);

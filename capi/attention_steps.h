@@ -35,7 +35,7 @@ extern "C" {
 #endif
 
 /* Bumped when a signature or a struct below changes. */
-#define ATTN_ABI_VERSION 8
+#define ATTN_ABI_VERSION 9
 
 #define ATTN_OK 0
 #define ATTN_REFUSED 2
@@ -75,6 +75,7 @@ typedef struct attn_step_info {
   int takes_key_padding_mask;  /* 1 when it honours key_padding_mask (the forward's or the
                                   backward's) */
   int takes_causal;            /* 1 when it honours attn_launch_args::causal (or the backward's) */
+  int takes_packed_sequences;  /* 1 when it honours attn_launch_args::cu_seqlens_q (varlen) */
 } attn_step_info;
 
 /* The strides, in elements, of a [B, H, N, D] view whose rows of D values are contiguous:
@@ -201,6 +202,22 @@ typedef struct attn_launch_args {
   /* ATTN_CAUSAL_NONE (0), ATTN_CAUSAL_TOP_LEFT or ATTN_CAUSAL_BOTTOM_RIGHT; a step whose info
    * has takes_causal 0 refuses a causal mask. Combines with key_padding_mask. */
   int causal;
+  /* Packed sequences of different lengths (FlashAttention's varlen layout; since ABI version 9),
+   * for a step whose info has takes_packed_sequences: NULL, or device int32 [batch + 1], the
+   * prefix sums of the sequences' query lengths (0, n_0, n_0 + n_1, ..., total_tokens), and
+   * cu_seqlens_k the same of their key lengths (NULL: the same as cu_seqlens_q). Then q and o
+   * are [total_tokens, H, D], k and v [total_kv_tokens, H, D] (total_kv_tokens 0: total_tokens),
+   * sequence b's rows one after another from row cu_seqlens[b], each sequence attending within
+   * itself; `batch` is the number of sequences, `tokens` and `kv_tokens` the longest query and
+   * key lengths (kv_tokens 0: tokens), the strides' token and head members those of these
+   * tensors (the batch member unused), the causal diagonal each sequence's own, and L
+   * [H, total_tokens]. Not with key_padding_mask. The library does not read the prefix sums
+   * (that would synchronise): the caller vouches that they start at 0, never decrease, end at
+   * the totals, and that no sequence is longer than `tokens` (`kv_tokens`). */
+  const void* cu_seqlens_q;
+  const void* cu_seqlens_k;
+  int64_t total_tokens;
+  int64_t total_kv_tokens;
 } attn_launch_args;
 
 /* The one general launch: attn_run, attn_run_with_workspace, attn_run_strided and

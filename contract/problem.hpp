@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace attn {
 
@@ -42,7 +43,12 @@ struct Shape {
   int64_t kv_tokens = 0;  // N_k; 0 means N
   bool key_padding = false;
   Causal causal = Causal::none;
+  std::vector<int64_t> lengths = {};  // packed sequences' lengths (see above); empty: none
 
+  bool packed() const { return !lengths.empty(); }
+  // Sequence b's queries (and keys, when packed): lengths[b], or N.
+  int64_t length(int64_t b) const { return packed() ? lengths[std::size_t(b)] : tokens; }
+  int64_t total_tokens() const;  // the queries of all sequences: sum of lengths, or B N
   int64_t keys() const { return kv_tokens > 0 ? kv_tokens : tokens; }  // N_k
   bool cross() const { return keys() != tokens; }
   int64_t diagonal() const { return causal_diagonal(causal, tokens, keys()); }
@@ -55,9 +61,11 @@ struct Shape {
   // on or below the diagonal (about half at N = N_k, as FlashAttention counts them).
   double visible_pairs() const;
   // Two matrix products over those pairs per slice, D multiply-adds each, 2 FLOPs per one.
-  double flops() const { return 4.0 * double(slices()) * visible_pairs() * double(head_dim); }
-  // The fewest bytes any implementation must move: read Q, K, V and write O once, 2 bytes each.
-  double min_bytes() const { return 2.0 * (2.0 * double(elements()) + 2.0 * double(kv_elements())); }
+  // Packed sequences count each sequence's own pairs: the real tokens', never the padding's.
+  double flops() const;
+  // The fewest bytes any implementation must move: read Q, K, V and write O once, 2 bytes each
+  // (of the real tokens, when packed).
+  double min_bytes() const;
   std::string str() const;
 };
 

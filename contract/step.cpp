@@ -62,6 +62,9 @@ std::optional<std::string> StepInfo::refuses(const Shape& shape) const {
   if (shape.causal != Causal::none && !takes_causal) {
     return id + " does not serve --causal (it takes no causal mask)";
   }
+  if (shape.packed() && !takes_packed_sequences) {
+    return id + " does not serve --lengths (it takes no packed sequences of different lengths)";
+  }
   if (shape.cross() && !takes_kv_tokens) {
     return id + " does not serve --kv-tokens " + std::to_string(shape.keys()) +
            " (it serves self-attention: as many keys as queries, " + std::to_string(shape.tokens) + ")";

@@ -32,6 +32,20 @@ inline TensorStrides actual_strides(TensorStrides given, int64_t heads, int64_t 
   return {heads * tokens * head_dim, tokens * head_dim, head_dim};
 }
 
+// Sequences of different lengths packed one after another (Shape::lengths), FlashAttention's
+// varlen layout: Q and O are [total_tokens, H, D], K and V [total_kv_tokens, H, D], row r of
+// sequence b lies at row cu_seqlens_q[b] + r (of K and V: cu_seqlens_k[b] + r), and each sequence
+// attends within itself. cu_seqlens_q and cu_seqlens_k are device int32 prefix sums of the
+// lengths, [batch + 1], starting at 0. The strides (AttentionArgs) then give the token and head
+// strides of these tensors; all zero means contiguous, (H D, D).
+struct PackedSequences {
+  const int32_t* cu_seqlens_q = nullptr;
+  const int32_t* cu_seqlens_k = nullptr;
+  int total_tokens = 0;     // rows of Q and O
+  int total_kv_tokens = 0;  // rows of K and V
+  bool packed() const { return cu_seqlens_q != nullptr; }
+};
+
 // What a launch gets: device pointers to [B, H, N, D] tensors and the sizes. The pointers are
 // typed for fp16, the tutorial's type; with dtype bf16 (a step whose StepInfo lists it) they
 // point at __nv_bfloat16 data, and the step reads them as such.
@@ -50,7 +64,11 @@ struct AttentionArgs {
   // [B, H, N] fp32, or nullptr: each row's L = log(sum_j exp(s_j)) of its scaled scores
   // s = q K^T / sqrt(D), what a backward pass needs to rebuild P. Written by a step whose StepInfo
   // says writes_log_sum_exp when not null; the inference path leaves it null and pays nothing.
+  // For packed sequences, [H, total_tokens].
   float* log_sum_exp = nullptr;
+  // Packed sequences, for a step whose StepInfo says takes_packed_sequences: then batch is the
+  // number of sequences, tokens and kv_tokens the longest query and key lengths.
+  PackedSequences sequences;
   int batch = 0;
   int heads = 0;
   int tokens = 0;
@@ -254,6 +272,7 @@ struct StepInfo {
   bool takes_kv_tokens = false;  // serves N_k != N (cross-attention: AttentionArgs::kv_tokens)
   bool takes_key_padding_mask = false;  // honours AttentionArgs::key_padding_mask
   bool takes_causal = false;  // honours AttentionArgs::causal (or BackwardArgs::causal), both alignments
+  bool takes_packed_sequences = false;  // honours AttentionArgs::sequences (varlen batches)
   TileSizesFn tile_sizes = nullptr;  // nullptr: no tiles along N (one thread per output, v0)
   // A backward step with a deterministic mode (BackwardArgs::deterministic).
   bool has_deterministic_mode = false;
@@ -305,6 +324,10 @@ struct StepInfo {
   }
   StepInfo taking_causal() && {
     takes_causal = true;
+    return std::move(*this);
+  }
+  StepInfo taking_packed_sequences() && {
+    takes_packed_sequences = true;
     return std::move(*this);
   }
   StepInfo with_deterministic_mode() && {

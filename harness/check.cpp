@@ -24,6 +24,12 @@ std::vector<int64_t> slices_to_check(const Shape& shape, CheckMode mode, uint64_
 
 namespace {
 
+// Whether row `row` of slice `slice` (b H + h) is an output: every row is, but past the end of a
+// packed sequence (Shape::lengths), whose padded rows the step never writes.
+bool is_output_row(const Shape& shape, int64_t slice, int64_t row) {
+  return !shape.packed() || row < shape.length(slice / shape.heads);
+}
+
 // The slices of a [B, H, rows, D] tensor as a failure names their elements: O, dQ (N rows, each
 // a query's: "row") or dK and dV (N_k rows, each a key's: "key").
 struct SliceRows {
@@ -47,7 +53,10 @@ void compare_all_slices(const HostTensors& inputs, const std::vector<__half>& ou
   double error_sq = 0, reference_sq = 0, max_abs_v = 0;
   int64_t nonfinite = 0, worst_index = -1, first_nonfinite = -1;
   for (__half value : inputs.v) max_abs_v = std::max(max_abs_v, std::fabs(double(__half2float(value))));
+  const Shape& shape = inputs.shape;
   for (std::size_t i = 0; i < output.size(); ++i) {
+    const int64_t row_index = int64_t(i) / shape.head_dim;
+    if (!is_output_row(shape, row_index / shape.tokens, row_index % shape.tokens)) continue;
     const double value = double(__half2float(output[i]));
     if (!std::isfinite(value)) {
       if (nonfinite++ == 0) first_nonfinite = int64_t(i);
@@ -104,6 +113,7 @@ CheckResult compare(const HostTensors& inputs, const Reference& reference,
     }
     const std::vector<double>& want = reference.output[which];
     for (int64_t i = 0; i < slice_size; ++i) {
+      if (!is_output_row(shape, slice, i / shape.head_dim)) continue;
       const double value = double(__half2float(got[i]));
       if (!std::isfinite(value)) {
         if (result.nonfinite++ == 0) {
@@ -142,6 +152,7 @@ void compare_log_sum_exp(const Shape& shape, const Reference& reference,
   std::string worst;
   // One row of the step's L against a reference value; `against` names the reference.
   auto check_row = [&](int64_t row_index, double want, const char* against) {
+    if (!is_output_row(shape, row_index / tokens, row_index % tokens)) return;
     const double got = double(log_sum_exp[std::size_t(row_index)]);
     // A row whose keys are all padding has L = -inf (cpu_reference.hpp): a step must say so.
     const double error = want == -INFINITY ? (got == -INFINITY ? 0.0 : INFINITY)

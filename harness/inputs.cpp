@@ -36,6 +36,14 @@ HostTensors sized_inputs(const Shape& shape) {
   inputs.q.resize(std::size_t(shape.elements()));
   inputs.k.resize(std::size_t(shape.kv_elements()));
   inputs.v.resize(std::size_t(shape.kv_elements()));
+  if (shape.packed()) {  // the references see sequence b as batch element b, padded past its length
+    inputs.key_padding_mask.resize(std::size_t(shape.batch * shape.keys()));
+    for (int64_t b = 0; b < shape.batch; ++b) {
+      for (int64_t j = 0; j < shape.keys(); ++j) {
+        inputs.key_padding_mask[std::size_t(b * shape.keys() + j)] = j >= shape.length(b) ? 1 : 0;
+      }
+    }
+  }
   if (shape.key_padding) {
     const int64_t keys = shape.keys();
     const int64_t columns = int64_t(std::ceil(std::sqrt(double(keys))));

@@ -2,8 +2,11 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstdlib>
 #include <limits>
+
+#include "inputs.hpp"  // normal_sample: --random-lengths draws from the inputs' generator
 
 namespace attn {
 
@@ -72,6 +75,7 @@ std::string step_usage(const std::string& program) {
          "       [--kv-tokens N_k] [--key-padding] [--dtype fp16|bf16] [--iters I] [--warmup W]\n"
          "       [--seed S] [--check sample|full|none] [--format text|json|csv] [--device K]\n"
          "       [--no-ceilings] [--deterministic] [--causal [--causal-align top-left|bottom-right]]\n"
+         "       [--lengths L1,L2,... | --random-lengths COUNT]\n"
          "\n"
          "Runs one attention step, O = softmax(Q K^T / sqrt(D)) V on [B, H, N, D] tensors, checks\n"
          "it against the fp64 CPU reference and reports its time. What this step takes of the\n"
@@ -86,6 +90,11 @@ std::string step_usage(const std::string& program) {
          "                   many as the queries)\n"
          "  --key-padding    a [B, N_k] key-padding mask with the inputs (keys it marks get no\n"
          "                   weight; drawn as a DETR batch pads its images)\n"
+         "  --lengths L,...  a batch of sequences of these lengths (images of several sizes),\n"
+         "                   packed one after another, [total, H, D], each attending within\n"
+         "                   itself (FlashAttention's varlen); instead of --tokens and --batch\n"
+         "  --random-lengths C  C ViT images of random sizes (224 to 1024 px, patch 16, drawn\n"
+         "                   from --seed), packed as --lengths packs them\n"
          "  --causal         a causal mask: query i sees key j only where j <= i\n"
          "  --causal-align A where the diagonal starts when N_k != N: top-left (default, as\n"
          "                   PyTorch's is_causal) or bottom-right (j <= i + N_k - N, as\n"
@@ -109,6 +118,8 @@ std::string step_usage(const std::string& program) {
 StepOptions parse_step_options(int argc, const char* const* argv) {
   StepOptions options;
   int64_t tokens = -1, image = -1, patch = -1;
+  bool batch_given = false;
+  int64_t random_lengths = 0;  // --random-lengths: drawn once --seed is known
   Causal causal_align = Causal::none;  // --causal-align, applied once --causal is known
   for (int i = 1; i < argc; ++i) {
     const std::string flag = argv[i];
@@ -155,6 +166,11 @@ StepOptions parse_step_options(int argc, const char* const* argv) {
       patch = parse_integer(name, take_value(), 1, kMaxDimension);
     } else if (name == "--batch") {
       options.shape.batch = parse_integer(name, take_value(), 1, kMaxDimension);
+      batch_given = true;
+    } else if (name == "--lengths") {
+      options.shape.lengths = parse_integer_list(name, take_value(), 0, kMaxDimension);
+    } else if (name == "--random-lengths") {
+      random_lengths = parse_integer(name, take_value(), 1, 100000);
     } else if (name == "--heads") {
       options.shape.heads = parse_integer(name, take_value(), 1, kMaxDimension);
     } else if (name == "--head-dim") {
@@ -218,6 +234,35 @@ StepOptions parse_step_options(int argc, const char* const* argv) {
     tokens = vit_tokens(image, patch);
   }
   if (tokens != -1) options.shape.tokens = tokens;
+  if (random_lengths > 0) {
+    if (options.shape.packed()) throw UsageError("--random-lengths and --lengths: give one, not both");
+    // Image sides 224, 240, ..., 1024 px, each drawn from the seed: (side / 16)^2 + 1 tokens.
+    for (int64_t image = 0; image < random_lengths; ++image) {
+      const float u = std::fabs(normal_sample(options.seed, 7, uint64_t(image)));
+      const int64_t side = 16 * (14 + int64_t(u * 1e6) % 51);
+      options.shape.lengths.push_back(vit_tokens(side, 16));
+    }
+  }
+  if (options.shape.packed()) {
+    Shape& shape = options.shape;
+    if (tokens != -1 || batch_given || shape.kv_tokens != 0 || shape.key_padding) {
+      throw UsageError("--lengths: the lengths give the batch and every sequence's tokens and keys; "
+                       "drop --tokens, --image, --batch, --kv-tokens and --key-padding");
+    }
+    if (options.format == Format::csv) {
+      throw UsageError("--format csv with --lengths: the CSV schema (the bench's) has no lengths "
+                       "column; use text or json");
+    }
+    int64_t longest = 0, total = 0;
+    for (int64_t length : shape.lengths) {
+      longest = std::max(longest, length);
+      total += length;
+      if (total > kMaxDimension) throw UsageError("--lengths: more than 2^31 - 1 tokens in all");
+    }
+    if (longest == 0) throw UsageError("--lengths: every sequence is empty; give one token at least");
+    shape.batch = int64_t(shape.lengths.size());
+    shape.tokens = longest;
+  }
   validate_shape(options.shape);
   return options;
 }

@@ -153,6 +153,11 @@ void print_json(std::ostream& out, const Record& r) {
       << ", \"kv_tokens\": " << r.shape.keys()
       << ", \"key_padding\": " << (r.shape.key_padding ? "true" : "false")
       << ", \"causal\": " << json_string(causal_name(r.shape.causal))
+      << ", \"lengths\": [" << [&] {  // packed sequences' lengths, or none
+           std::string list;
+           for (int64_t length : r.shape.lengths) list += (list.empty() ? "" : ", ") + std::to_string(length);
+           return list;
+         }() << "]"
       << ", \"flops\": " << json_number(r.flops())
       << ", \"min_bytes\": " << json_number(r.min_bytes())
       << ", \"median_us\": " << json_number(r.timing.median_us)

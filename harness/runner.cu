@@ -37,14 +37,81 @@ std::map<std::string, std::string>& hung_steps() {
   return steps;
 }
 
-// One copy of the problem on the device.
+// Elements of Q (and O) and of K (and V) as the step reads them: [B, H, N, D] and [B, H, N_k, D],
+// or for packed sequences [total, H, D] each.
+std::size_t step_elements(const Shape& shape) {
+  return std::size_t(shape.packed() ? shape.total_tokens() * shape.heads * shape.head_dim
+                                    : shape.elements());
+}
+std::size_t step_kv_elements(const Shape& shape) {
+  return shape.packed() ? step_elements(shape) : std::size_t(shape.kv_elements());
+}
+
+// Packed sequences (Shape::lengths). The harness keeps the references' [B, H, N, D] layout, in
+// which sequence b is rows 0 .. lengths[b] - 1 of batch element b; the step reads and writes
+// [total, H, D], the sequences one after another. pack() takes a [B, H, N, per_row] tensor to
+// [total, H, per_row]; unpack() takes it back, rows past a sequence's end `filler` (no output).
+template <typename Value>
+std::vector<Value> pack(const Shape& shape, const std::vector<Value>& padded, int64_t per_row) {
+  std::vector<Value> packed(std::size_t(shape.total_tokens() * shape.heads * per_row));
+  int64_t start = 0;
+  for (int64_t b = 0; b < shape.batch; ++b) {
+    for (int64_t h = 0; h < shape.heads; ++h) {
+      for (int64_t r = 0; r < shape.length(b); ++r) {
+        const Value* from = padded.data() + ((b * shape.heads + h) * shape.tokens + r) * per_row;
+        std::copy(from, from + per_row, packed.data() + ((start + r) * shape.heads + h) * per_row);
+      }
+    }
+    start += shape.length(b);
+  }
+  return packed;
+}
+template <typename Value>
+std::vector<Value> unpack(const Shape& shape, const std::vector<Value>& packed, int64_t per_row,
+                          Value filler) {
+  std::vector<Value> padded(std::size_t(shape.slices() * shape.tokens * per_row), filler);
+  int64_t start = 0;
+  for (int64_t b = 0; b < shape.batch; ++b) {
+    for (int64_t h = 0; h < shape.heads; ++h) {
+      for (int64_t r = 0; r < shape.length(b); ++r) {
+        const Value* from = packed.data() + ((start + r) * shape.heads + h) * per_row;
+        std::copy(from, from + per_row, padded.data() + ((b * shape.heads + h) * shape.tokens + r) * per_row);
+      }
+    }
+    start += shape.length(b);
+  }
+  return padded;
+}
+// L: the step's [H, total] into [B, H, N], rows past a sequence's end -inf.
+std::vector<float> unpack_rows(const Shape& shape, const std::vector<float>& packed) {
+  std::vector<float> padded(std::size_t(shape.slices() * shape.tokens), -INFINITY);
+  const int64_t total = shape.total_tokens();
+  int64_t start = 0;
+  for (int64_t b = 0; b < shape.batch; ++b) {
+    for (int64_t h = 0; h < shape.heads; ++h) {
+      for (int64_t r = 0; r < shape.length(b); ++r) {
+        padded[std::size_t((b * shape.heads + h) * shape.tokens + r)] = packed[std::size_t(h * total + start + r)];
+      }
+    }
+    start += shape.length(b);
+  }
+  return padded;
+}
+// The prefix sums of the lengths, [B + 1], as the step takes them.
+std::vector<int32_t> prefix_sums(const Shape& shape) {
+  std::vector<int32_t> sums{0};
+  for (int64_t length : shape.lengths) sums.push_back(int32_t(sums.back() + length));
+  return sums;
+}
+
+// One copy of the problem on the device, as the step reads it.
 // 16-bit elements, fp16 or bf16 as the shape's dtype says (AttentionArgs' pointers are typed
 // for fp16 either way).
 struct DeviceSet {
   DeviceBuffer<__half> q, k, v, o;  // K and V have N_k rows a slice (Shape::keys())
   explicit DeviceSet(const Shape& shape)
-      : q(std::size_t(shape.elements())), k(std::size_t(shape.kv_elements())),
-        v(std::size_t(shape.kv_elements())), o(std::size_t(shape.elements())) {}
+      : q(step_elements(shape)), k(step_kv_elements(shape)), v(step_kv_elements(shape)),
+        o(step_elements(shape)) {}
 };
 
 // A host tensor (fp16 containers, HostTensors) to the device in `dtype`: for bf16 each value is
@@ -79,10 +146,14 @@ void download(std::vector<__half>& host, const __half* device, std::size_t count
 }
 
 AttentionArgs args_for(const DeviceSet& set, const Shape& shape, void* workspace,
-                       cudaStream_t stream, int max_persistent_blocks) {
+                       cudaStream_t stream, int max_persistent_blocks, const int32_t* cu_seqlens) {
   AttentionArgs args = attention_args(shape, set.q.data(), set.k.data(), set.v.data(),
                                       set.o.data(), workspace, stream);
   args.max_persistent_blocks = max_persistent_blocks;
+  if (shape.packed()) {  // the same sequences for queries and keys: self-attention
+    args.sequences.cu_seqlens_q = args.sequences.cu_seqlens_k = cu_seqlens;
+    args.sequences.total_tokens = args.sequences.total_kv_tokens = int(shape.total_tokens());
+  }
   return args;
 }
 
@@ -114,7 +185,9 @@ void ensure_fits(const StepInfo& step, const Shape& shape, bool check_all_slices
 std::size_t device_bytes_needed(const StepInfo& step, const Shape& shape, int buffer_sets,
                                 bool check_all_slices) {
   const std::size_t rows = std::size_t(shape.slices() * shape.tokens);
-  const std::size_t padding_bytes = shape.key_padding ? std::size_t(shape.batch * shape.keys()) : 0;
+  // The key-padding mask; for packed sequences, the one the references take their lengths from.
+  const std::size_t padding_bytes =
+      shape.key_padding || shape.packed() ? std::size_t(shape.batch * shape.keys()) : 0;
   if (is_backward(step.kind)) {  // one set: Q, O, dO, dQ of N rows a slice, K, V, dK, dV of N_k,
                                  // L, the mask; the GPU reference's gradients and bounds
     const std::size_t query_elements = std::size_t(shape.elements()),
@@ -125,8 +198,11 @@ std::size_t device_bytes_needed(const StepInfo& step, const Shape& shape, int bu
                                    gpu_backward_reference_scratch_bytes(shape)
                              : 0);
   }
+  // Packed sequences: the GPU reference reads Q, K and V padded, a copy of their own.
+  const std::size_t padded_copies =
+      shape.packed() && check_all_slices ? 3 * std::size_t(shape.elements()) * sizeof(__half) : 0;
   return std::size_t(buffer_sets) * std::size_t(shape.min_bytes()) +  // Q, K, V, O per set
-         padding_bytes + step.workspace_for(shape) +
+         padding_bytes + padded_copies + step.workspace_for(shape) +
          (step.writes_log_sum_exp ? rows * sizeof(float) : 0) +  // the checked run's L
          (check_all_slices ? (std::size_t(shape.elements()) + rows) * sizeof(float) : 0);
 }
@@ -177,6 +253,7 @@ BackwardRunResult run_backward_step(const StepInfo& step, const HostTensors& inp
                                     const std::vector<__half>& d_o,
                                     const BackwardReference* reference, const RunConfig& config) {
   throw_if_gpu_hung();
+  if (inputs.shape.packed()) throw std::logic_error("no backward step takes packed sequences yet");
   const StepInfo* forward = find_step(step.forward_step);
   if (step.launch_backward == nullptr || forward == nullptr || forward->launch == nullptr ||
       !forward->writes_log_sum_exp) {
@@ -316,7 +393,7 @@ RunResult run_step(const StepInfo& step, const HostTensors& inputs, const Refere
     // The checked build's watchdog ended it; it would only hang again.
     throw CudaError("not run: an earlier run of " + step.id + " hung: " + hung->second);
   }
-  const std::size_t count = std::size_t(shape.elements());
+  const std::size_t count = step_elements(shape);  // of O as the step writes it
   const std::size_t set_bytes = std::size_t(shape.min_bytes());  // Q, K, V and O
 
   // Enough copies that they cannot all sit in L2 (two L2s' worth), as far as memory allows.
@@ -338,16 +415,30 @@ RunResult run_step(const StepInfo& step, const HostTensors& inputs, const Refere
   device_sets.reserve(sets);
   for (int s = 0; s < sets; ++s) device_sets.emplace_back(shape);
   DeviceBuffer<char> workspace(step.workspace_for(shape));
-  upload(device_sets[0].q.data(), inputs.q, shape.dtype);
-  upload(device_sets[0].k.data(), inputs.k, shape.dtype);
-  upload(device_sets[0].v.data(), inputs.v, shape.dtype);
-  // The key-padding mask, one for every buffer set (it is B * N_k bytes).
+  const int64_t head_dim = shape.head_dim;
+  for (const auto& [device, host] : {std::pair<__half*, const std::vector<__half>*>{device_sets[0].q.data(), &inputs.q},
+                                     {device_sets[0].k.data(), &inputs.k}, {device_sets[0].v.data(), &inputs.v}}) {
+    if (shape.packed()) {
+      upload(device, pack(shape, *host, head_dim), shape.dtype);
+    } else {
+      upload(device, *host, shape.dtype);
+    }
+  }
+  // The key-padding mask, one for every buffer set (it is B * N_k bytes). For packed sequences it
+  // marks the keys past each sequence's end, for the GPU reference, which reads the padded layout;
+  // the step gets the prefix sums of the lengths instead.
   DeviceBuffer<uint8_t> key_padding_mask(inputs.key_padding_mask.size());
   if (!inputs.key_padding_mask.empty()) {
     CUDA_CHECK(cudaMemcpy(key_padding_mask.data(), inputs.key_padding_mask.data(),
                           key_padding_mask.bytes(), cudaMemcpyHostToDevice));
   }
   const uint8_t* padding = inputs.key_padding_mask.empty() ? nullptr : key_padding_mask.data();
+  const uint8_t* step_padding = shape.packed() ? nullptr : padding;
+  const std::vector<int32_t> sums = shape.packed() ? prefix_sums(shape) : std::vector<int32_t>{};
+  DeviceBuffer<int32_t> cu_seqlens(sums.size());
+  if (!sums.empty()) {
+    CUDA_CHECK(cudaMemcpy(cu_seqlens.data(), sums.data(), cu_seqlens.bytes(), cudaMemcpyHostToDevice));
+  }
   for (int s = 1; s < sets; ++s) {
     for (auto member : {&DeviceSet::q, &DeviceSet::k, &DeviceSet::v}) {
       CUDA_CHECK(cudaMemcpy((device_sets[s].*member).data(), (device_sets[0].*member).data(),
@@ -363,13 +454,14 @@ RunResult run_step(const StepInfo& step, const HostTensors& inputs, const Refere
   // (0xFFFFFFFF in fp32) when the step writes L: checked with O. The timed runs ask for no L.
   RunResult result;
   if (step.pipeline_report != nullptr) step.pipeline_report();  // clear what an earlier run left
-  const std::size_t rows = std::size_t(shape.slices() * shape.tokens);
+  const std::size_t rows = std::size_t(shape.slices() * shape.tokens);  // of L, padded
+  const std::size_t step_rows_count = shape.packed() ? std::size_t(shape.heads * shape.total_tokens()) : rows;
   const bool check_log_sum_exp = step.writes_log_sum_exp && reference != nullptr;
-  DeviceBuffer<float> log_sum_exp(check_log_sum_exp ? rows : 0);
+  DeviceBuffer<float> log_sum_exp(check_log_sum_exp ? step_rows_count : 0);
   CUDA_CHECK(cudaMemsetAsync(device_sets[0].o.data(), 0xFF, count * sizeof(__half), stream));
-  AttentionArgs checked_args =
-      args_for(device_sets[0], shape, workspace.data(), stream, config.max_persistent_blocks);
-  checked_args.key_padding_mask = padding;
+  AttentionArgs checked_args = args_for(device_sets[0], shape, workspace.data(), stream,
+                                        config.max_persistent_blocks, cu_seqlens.data());
+  checked_args.key_padding_mask = step_padding;
   if (check_log_sum_exp) {
     CUDA_CHECK(cudaMemsetAsync(log_sum_exp.data(), 0xFF, log_sum_exp.bytes(), stream));
     checked_args.log_sum_exp = log_sum_exp.data();
@@ -385,23 +477,38 @@ RunResult run_step(const StepInfo& step, const HostTensors& inputs, const Refere
     workspace.abandon();
     log_sum_exp.abandon();
     key_padding_mask.abandon();
+    cu_seqlens.abandon();
   };
   synchronize_or_remember(stream, checked_run_limit_seconds(shape), abandon_buffers);
   download(result.output, device_sets[0].o.data(), count, shape.dtype);
+  if (shape.packed()) result.output = unpack(shape, result.output, head_dim, __float2half(0.0f));
   if (reference != nullptr) {
     std::vector<float> all_slices, all_rows;
     if (check_all_slices) {
-      DeviceBuffer<float> gpu_reference(count), gpu_reference_rows(check_log_sum_exp ? rows : 0);
-      launch_gpu_reference(device_sets[0].q.data(), device_sets[0].k.data(),
-                           device_sets[0].v.data(), padding, gpu_reference.data(),
+      const std::size_t padded_count = std::size_t(shape.elements());
+      DeviceBuffer<float> gpu_reference(padded_count), gpu_reference_rows(check_log_sum_exp ? rows : 0);
+      // Packed sequences: the reference reads the padded inputs, a copy of their own.
+      DeviceBuffer<__half> padded_q(shape.packed() ? padded_count : 0),
+          padded_k(shape.packed() ? padded_count : 0), padded_v(shape.packed() ? padded_count : 0);
+      if (shape.packed()) {
+        upload(padded_q.data(), inputs.q, shape.dtype);
+        upload(padded_k.data(), inputs.k, shape.dtype);
+        upload(padded_v.data(), inputs.v, shape.dtype);
+        CUDA_CHECK(cudaStreamSynchronize(cudaStreamLegacy));
+      }
+      launch_gpu_reference(shape.packed() ? padded_q.data() : device_sets[0].q.data(),
+                           shape.packed() ? padded_k.data() : device_sets[0].k.data(),
+                           shape.packed() ? padded_v.data() : device_sets[0].v.data(), padding,
+                           gpu_reference.data(),
                            check_log_sum_exp ? gpu_reference_rows.data() : nullptr, shape, stream);
       synchronize_or_remember(stream, checked_run_limit_seconds(shape), [&] {
         abandon_buffers();
         gpu_reference.abandon();
         gpu_reference_rows.abandon();
+        for (DeviceBuffer<__half>* buffer : {&padded_q, &padded_k, &padded_v}) buffer->abandon();
       });
-      all_slices.resize(count);
-      CUDA_CHECK(cudaMemcpy(all_slices.data(), gpu_reference.data(), count * sizeof(float),
+      all_slices.resize(padded_count);
+      CUDA_CHECK(cudaMemcpy(all_slices.data(), gpu_reference.data(), padded_count * sizeof(float),
                             cudaMemcpyDeviceToHost));
       if (check_log_sum_exp) {
         all_rows.resize(rows);
@@ -411,9 +518,10 @@ RunResult run_step(const StepInfo& step, const HostTensors& inputs, const Refere
     }
     result.check = compare(inputs, *reference, result.output, all_slices);
     if (check_log_sum_exp) {
-      std::vector<float> step_rows(rows);
-      CUDA_CHECK(cudaMemcpy(step_rows.data(), log_sum_exp.data(), rows * sizeof(float),
+      std::vector<float> step_rows(step_rows_count);
+      CUDA_CHECK(cudaMemcpy(step_rows.data(), log_sum_exp.data(), step_rows_count * sizeof(float),
                             cudaMemcpyDeviceToHost));
+      if (shape.packed()) step_rows = unpack_rows(shape, step_rows);
       compare_log_sum_exp(shape, *reference, step_rows, all_rows, result.check);
     }
   }
@@ -424,13 +532,13 @@ RunResult run_step(const StepInfo& step, const HostTensors& inputs, const Refere
       throw std::logic_error(step.id + " does not write L; the caller must not ask it to");
     }
     // One L for every buffer set: B * H * N floats, 1/(2D) of O's bytes.
-    DeviceBuffer<float> timed_rows(config.timed_log_sum_exp ? rows : 0);
+    DeviceBuffer<float> timed_rows(config.timed_log_sum_exp ? step_rows_count : 0);
     try {
       result.timing = time_launches(
           [&](int run) {
             AttentionArgs args = args_for(device_sets[run % sets], shape, workspace.data(), stream,
-                                          config.max_persistent_blocks);
-            args.key_padding_mask = padding;
+                                          config.max_persistent_blocks, cu_seqlens.data());
+            args.key_padding_mask = step_padding;
             args.log_sum_exp = timed_rows.data();  // nullptr unless asked
             step.launch(args);
             CUDA_CHECK_LAUNCH();

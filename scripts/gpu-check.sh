@@ -34,7 +34,8 @@
 #              this run (built against the torch here, linking BUILD_DIR's library; the checkout's
 #              package gets the built operator too, for the vit stage), its GPU tests
 #              (tests/python/test_torch_op.py, test_torch_bridge.py --gpu, test_backward_masks.py,
-#              test_backward_views.py, test_sdpa_masks.py, and test_models_training.py where timm
+#              test_backward_views.py, test_sdpa_masks.py, test_varlen.py, and
+#              test_models_training.py where timm
 #              or transformers imports), then
 #              scripts/torch_op_bench.py with TORCH_OP_ARGS: host time per call beside SDPA, a
 #              CUDA graph, graph breaks, vit_b_16 images/s eager and compiled

@@ -73,6 +73,7 @@ DETERMINISTIC_TEST = "deterministic mode*"  # tests/test_backward_gpu.cpp: tails
 KEY_PADDING_TEST = "*padding*"  # tests/test_backward_gpu.cpp: every backward case with key padding
 CROSS_TEST = "cross-attention*"  # tests/test_backward_gpu.cpp: N_q and N_k apart, their tails
 DETERMINISTIC_CROSS_TEST = "deterministic mode on cross*"  # whole Q tiles that see no key
+PACKED_TEST = "packed sequences*"  # tests/test_steps_gpu.cpp: sequences of many lengths, packed
 BUGS = [
     # The arithmetic of the online softmax: the result check catches these.
     Bug("v6nomask", V6, "keys past N keep their scores", [("if (tile_keys < kBlockN) {", "if (false) {", 1)]),
@@ -85,8 +86,8 @@ BUGS = [
     Bug("v8maskwrongkeys", V8, "every lane of a quad applies the first lane's mask bits",
         [("padded.words[i / 4] >> (8 * (i % 4) + 2 * quad_lane)", "padded.words[i / 4] >> (8 * (i % 4))", 1)]),
     Bug("v8maskfirsttile", V8, "the mask of the block's first work tile used for every tile it walks",
-        [("key_padding + int64_t(tile.batch) * kv_tokens,",
-          "key_padding + int64_t(scheduler.at(scheduler.first()).batch) * kv_tokens,", 1)]),
+        [("key_padding + int64_t(tile.batch) * mask.kv_tokens,",
+          "key_padding + int64_t(scheduler.at(scheduler.first()).batch) * mask.kv_tokens,", 1)]),
     Bug("v0maskignored", V0, "keys the key-padding mask marks keep their weight",
         [("if (padded(j)) continue;  // no weight at all, not a small one", "", 1)]),
     Bug("v6nonorm", V6, "O not divided by the row sum",
@@ -272,6 +273,15 @@ BUGS = [
         [("      turns.wait_for_turn();\n      turns.pass_turn();", "      turns.pass_turn();", 1)],
         rule="arrive-without-wait"),
     # 4: sizes that are exact multiples of a tile.
+    # Packed sequences (policies/sequences.cuh): a sequence's own keys, and its own rows of O.
+    Bug("v8packedlongestkeys", V8, "every packed sequence walks the keys of the longest, into the next sequence's",
+        [("const policies::Mask<kCausal> mask = sequences.mask(span, launch_mask);",
+          "const policies::Mask<kCausal> mask = launch_mask;", 1),
+         ("const policies::Mask<kCausal> mask = sequences.mask(span, launch_mask);",
+          "const policies::Mask<kCausal> mask = launch_mask;", 1)], target=PACKED_TEST),
+    Bug("v8packedrowsunbounded", V8, "a packed sequence's O rows copied past its end, over the next sequence's",
+        [("if (first_row + row >= tokens) break;", "if (first_row + row >= T::kBlockM) break;", 1,
+          "hopper/epilogue.cuh")], target=PACKED_TEST),
     Bug("v8lasttilemod", V8, "the last K/V tile's keys counted as N_k % tile (0 when N_k fills its tiles exactly)",
         [("const int last_tile_keys = kv_tokens - (kv_tiles - 1) * kBlockN;",
           "const int last_tile_keys = kv_tokens % kBlockN;", 1)], target=TILE_MULTIPLES_TEST),

@@ -212,7 +212,7 @@ TEST_SUITE("backward") {
 
   TEST_CASE("ViT shapes at B = 32, H = 12 (sampled slices) and a long sequence") {
     for (int head_dim : step_under_test().head_dims) {
-      for (const Shape shape : {Shape{32, 12, 577, head_dim}, Shape{2, 2, 2049, head_dim}}) {
+      for (const Shape& shape : {Shape{32, 12, 577, head_dim}, Shape{2, 2, 2049, head_dim}}) {
         CAPTURE(shape.str());
         require_pass(check_backward(shape, CheckMode::sample));
       }
@@ -229,7 +229,7 @@ TEST_SUITE("backward") {
 
   TEST_CASE("deterministic mode: checked at tails and a ViT shape, and the same bits run to run") {
     for (int head_dim : step_under_test().head_dims) {
-      for (const Shape shape : {Shape{2, 3, 1, head_dim}, Shape{2, 3, 130, head_dim},
+      for (const Shape& shape : {Shape{2, 3, 1, head_dim}, Shape{2, 3, 130, head_dim},
                                 Shape{32, 12, 197, head_dim}}) {
         CAPTURE(shape.str());
         const CheckMode mode = shape.batch > 2 ? CheckMode::sample : CheckMode::full;

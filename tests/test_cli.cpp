@@ -4,6 +4,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <sstream>
 #include <vector>
 
@@ -97,6 +98,36 @@ TEST_SUITE("cli") {
     CHECK(parse({"--causal-align=top-left", "--causal"}).shape.causal == attn::Causal::top_left);
   }
 
+  TEST_CASE("--lengths packs sequences: the batch is their count, N the longest, FLOPs their own") {
+    const attn::Shape shape = parse({"--lengths", "197,577,0,50", "--heads", "16"}).shape;
+    CHECK(shape.packed());
+    CHECK(shape.lengths == std::vector<int64_t>{197, 577, 0, 50});
+    CHECK(shape.batch == 4);
+    CHECK(shape.tokens == 577);
+    CHECK(shape.total_tokens() == 824);
+    CHECK(shape.length(1) == 577);
+    // Each sequence's own pairs, never the padding's: 4 H D (197^2 + 577^2 + 50^2) at D = 64.
+    CHECK(shape.flops() == doctest::Approx(4.0 * 16 * 64 * (197.0 * 197 + 577.0 * 577 + 50.0 * 50)));
+    CHECK(shape.min_bytes() == doctest::Approx(2.0 * 4 * 824 * 16 * 64));
+    CHECK(shape.str().find("lengths 197,577,0,50") != std::string::npos);
+    // Under a causal mask a sequence of n counts n (n + 1) / 2 pairs.
+    const attn::Shape causal = parse({"--lengths", "3,4", "--causal"}).shape;
+    CHECK(causal.flops() == doctest::Approx(4.0 * 12 * 64 * (6 + 10)));
+    // --random-lengths: ViT images of 224 to 1024 px, the same for the same seed.
+    const attn::Shape drawn = parse({"--random-lengths", "40", "--seed", "5"}).shape;
+    REQUIRE(drawn.lengths.size() == 40);
+    for (int64_t length : drawn.lengths) {
+      const int64_t side = int64_t(std::lround(std::sqrt(double(length - 1))));
+      CHECK(side * side + 1 == length);
+      CHECK(side >= 14);
+      CHECK(side <= 64);
+    }
+    CHECK(parse({"--seed", "5", "--random-lengths", "40"}).shape.lengths == drawn.lengths);
+    CHECK(parse({"--random-lengths", "40"}).shape.lengths != drawn.lengths);
+    CHECK_FALSE(parse({}).shape.packed());
+    CHECK(parse({}).shape.total_tokens() == 32 * 197);
+  }
+
   TEST_CASE("bad input: exit 2, one line on stderr naming the flag") {
     struct Case {
       std::vector<const char*> args;
@@ -137,6 +168,16 @@ TEST_SUITE("cli") {
         {{"--causal", "--causal-align", "middle"}, "--causal-align: 'middle' is not one of top-left, bottom-right"},
         {{"--causal-align", "bottom-right"}, "--causal-align: only meaningful with --causal"},
         {{"--causal", "--format", "csv"}, "has no mask column"},
+        {{"--lengths", "17,65"}, "does not serve --lengths (it takes no packed sequences"},
+        {{"--lengths", "17,-1"}, "--lengths: -1 is too small"},
+        {{"--lengths", "0,0"}, "--lengths: every sequence is empty"},
+        {{"--lengths", "17,65", "--tokens", "65"}, "--lengths: the lengths give the batch"},
+        {{"--lengths", "17,65", "--batch", "2"}, "--lengths: the lengths give the batch"},
+        {{"--lengths", "17,65", "--key-padding"}, "--lengths: the lengths give the batch"},
+        {{"--lengths", "17,65", "--format", "csv"}, "has no lengths column"},
+        {{"--lengths", "2147483647,2"}, "--lengths: more than 2^31 - 1 tokens in all"},
+        {{"--lengths", "17,65", "--random-lengths", "3"}, "give one, not both"},
+        {{"--random-lengths", "0"}, "--random-lengths: 0 is too small"},
         {{"--tokens", "2000", "--batch", "2147483647", "--heads", "2147483647", "--head-dim", "64"},
          "overflows 64 bits"},
     };

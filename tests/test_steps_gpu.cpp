@@ -460,3 +460,56 @@ TEST_CASE("causal mask, where the step takes it: tails, N_q != N_k in both align
     }
   }
 }
+
+TEST_CASE("packed sequences, where the step takes them: lengths 1, tile +- 1, long and short, causal, bf16") {
+  const attn::StepInfo& step = step_under_test();
+  auto packed_shape = [](std::vector<int64_t> lengths, int64_t head_dim,
+                         attn::Causal causal = attn::Causal::none, attn::DType dtype = attn::DType::fp16) {
+    Shape shape{int64_t(lengths.size()), 3, *std::max_element(lengths.begin(), lengths.end()), head_dim, dtype};
+    shape.lengths = std::move(lengths);
+    shape.causal = causal;
+    return shape;
+  };
+  if (!step.takes_packed_sequences) {
+    const auto reason = step.refuses(packed_shape({17, 65}, 64), device_under_test());
+    REQUIRE(reason.has_value());  // the refusal is the test
+    CHECK(reason->find("--lengths") != std::string::npos);
+    return;
+  }
+  for (int head_dim : step.head_dims) {
+    // Every length around every tile (a sequence ending one row short of, at, and past a work
+    // tile or a K/V tile), between sequences of one token; empty sequences among them.
+    std::vector<int64_t> around = {1};
+    for (int64_t tokens : sizes_around(all_tiles(step.tiles(head_dim)))) {
+      if (tokens <= 400) around.insert(around.end(), {tokens, 1});
+    }
+    const std::vector<std::vector<int64_t>> mixes = {
+        around, {197, 577, 50}, {1025, 1, 2, 17, 65, 3}, {0, 5, 0, 130, 0}, {1}};
+    for (const std::vector<int64_t>& lengths : mixes) {
+      for (attn::Causal causal : {attn::Causal::none, attn::Causal::top_left}) {
+        const Shape shape = packed_shape(lengths, head_dim, causal);
+        if (!serves(step, shape)) continue;
+        CAPTURE(shape.str());
+        // fp64 on sampled sequences where they are long (the GPU reference checks every one).
+        require_pass(check_step(step, shape, {shape.tokens > 600 ? CheckMode::sample : CheckMode::full}));
+      }
+    }
+    // Persistent blocks walking tiles of sequences of many lengths; large scores; bf16.
+    const Shape walk = packed_shape({577, 1, 197, 1025, 64, 129}, head_dim);
+    if (serves(step, walk)) {
+      CAPTURE(walk.str());
+      Run run{CheckMode::sample};
+      run.max_persistent_blocks = kFewBlocks;
+      require_pass(check_step(step, walk, run));
+      run.max_persistent_blocks = 0;
+      run.qk_scale = attn::kLargeScoreScale;
+      require_pass(check_step(step, walk, run));
+    }
+    for (attn::Causal causal : {attn::Causal::none, attn::Causal::top_left}) {
+      const Shape shape = packed_shape({197, 65, 1, 300}, head_dim, causal, attn::DType::bf16);
+      if (!serves(step, shape)) continue;
+      CAPTURE(shape.str());
+      require_pass(check_step(step, shape));
+    }
+  }
+}

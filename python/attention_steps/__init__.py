@@ -19,6 +19,9 @@ Three layers:
         logits = model(torch.randn(32, 3, 224, 224, device="cuda", dtype=torch.half))
     attention_steps.use_steps()   # timm's, Hugging Face's ViTs: F.scaled_dot_product_attention
 
+  varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k) runs images
+  of several sizes in one call, their tokens packed [total, H, D] (FlashAttention's varlen).
+
 The library is found as attention_steps._capi says: load_library(path), the environment
 variable ATTENTION_STEPS_LIBRARY, <checkout>/build/libattention_steps.so, the system loader.
 """
@@ -30,6 +33,7 @@ from ._capi import (ABI_VERSION, CUDA_ERROR, ENVIRONMENT_VARIABLE, OK, REFUSED,
 _TORCH_NAMES = {name: "torch_bridge" for name in (
     "attention", "swap_attention", "restore_attention", "StepSelfAttention", "swappable_blocks")}
 _TORCH_NAMES.update({name: "sdpa" for name in ("scaled_dot_product_attention", "use_steps")})
+_TORCH_NAMES.update({name: "varlen" for name in ("varlen_attention", "packed_step")})
 
 
 

@@ -24,7 +24,7 @@ from typing import Optional, Sequence, Tuple
 
 LIBRARY_NAME = "libattention_steps.so"
 ENVIRONMENT_VARIABLE = "ATTENTION_STEPS_LIBRARY"
-ABI_VERSION = 8          # capi/attention_steps.h: ATTN_ABI_VERSION
+ABI_VERSION = 9          # capi/attention_steps.h: ATTN_ABI_VERSION
 OK, REFUSED, CUDA_ERROR = 0, 2, 3
 MAX_HEAD_DIMS = 8        # ATTN_MAX_HEAD_DIMS
 MESSAGE_BYTES = 1024
@@ -70,6 +70,7 @@ class StepInfo:
     takes_kv_tokens: bool = False  # serves keys and values of another count (cross-attention)
     takes_key_padding_mask: bool = False  # honours a [B, N_k] key-padding mask
     takes_causal: bool = False  # honours a causal mask (either alignment)
+    takes_packed_sequences: bool = False  # serves packed sequences of different lengths (varlen)
 
 
 @dataclass(frozen=True)
@@ -98,6 +99,7 @@ class _StepInfoStruct(ctypes.Structure):
         ("takes_kv_tokens", ctypes.c_int),
         ("takes_key_padding_mask", ctypes.c_int),
         ("takes_causal", ctypes.c_int),
+        ("takes_packed_sequences", ctypes.c_int),
     ]
 
 
@@ -119,6 +121,8 @@ class _LaunchArgsStruct(ctypes.Structure):  # attn_launch_args
         ("pointers_checked_by_caller", ctypes.c_int),
         ("dtype", ctypes.c_int),
         ("causal", ctypes.c_int),
+        ("cu_seqlens_q", ctypes.c_void_p), ("cu_seqlens_k", ctypes.c_void_p),
+        ("total_tokens", ctypes.c_int64), ("total_kv_tokens", ctypes.c_int64),
     ]
 
 
@@ -256,7 +260,8 @@ class Library:
                 is_backward=bool(info.is_backward), takes_bf16=bool(info.takes_bf16),
                 takes_kv_tokens=bool(info.takes_kv_tokens),
                 takes_key_padding_mask=bool(info.takes_key_padding_mask),
-                takes_causal=bool(info.takes_causal)))
+                takes_causal=bool(info.takes_causal),
+                takes_packed_sequences=bool(info.takes_packed_sequences)))
         self._steps = tuple(found)
         return found
 

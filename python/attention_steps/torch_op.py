@@ -20,8 +20,15 @@ chooses for them:
                        str step, float? scale=None, bool deterministic=False, str? causal=None,
                        Tensor? key_padding_mask=None) -> (Tensor, Tensor, Tensor)
 
-returns dQ shaped like q and dK, dV shaped like k and v (contiguous). This module loads both and
-registers their fake implementations: the shapes and strides of the outputs from the shapes of
+returns dQ shaped like q and dK, dV shaped like k and v (contiguous); and packed sequences of
+different lengths (attention_steps.varlen), forward only so far:
+
+    varlen_attention(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k,
+                     int max_seqlen_q, int max_seqlen_k, str step, str? causal=None,
+                     float? scale=None, bool return_log_sum_exp=False) -> (Tensor, Tensor)
+
+returns O [total_q, H, D] and L [H, total_q]. This module loads them and registers their fake
+implementations: the shapes and strides of the outputs from the shapes of
 the inputs alone, so torch.compile traces the operators without running them (also with dynamic
 shapes), and without a graph break.
 """
@@ -62,6 +69,14 @@ def _fake_attention(q, k, v, step, scale=None, key_padding_mask=None, return_log
     return o, q.new_empty(rows, dtype=torch.float32)
 
 
+def _fake_varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, step,
+                           causal=None, scale=None, return_log_sum_exp=False):
+    # O [total_q, H, D] contiguous, L [H, total_q] (attention_steps.varlen).
+    total, heads, _ = q.shape
+    rows = (heads, total) if return_log_sum_exp else (0,)
+    return q.new_empty(q.shape), q.new_empty(rows, dtype=torch.float32)
+
+
 def _fake_attention_backward(d_o, q, k, v, o, log_sum_exp, step, scale=None,
                              deterministic=False, causal=None, key_padding_mask=None):
     # dQ like q, dK and dV like k and v ([B, H, N_k, D] in cross-attention), all contiguous.
@@ -83,6 +98,7 @@ def load():
                           f"{BUILD_COMMAND}") from error
     torch.library.register_fake("attention_steps::attention")(_fake_attention)
     torch.library.register_fake("attention_steps::attention_backward")(_fake_attention_backward)
+    torch.library.register_fake("attention_steps::varlen_attention")(_fake_varlen_attention)
     return torch.ops.attention_steps.attention
 
 

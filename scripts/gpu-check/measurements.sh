@@ -161,9 +161,9 @@ with_operator() {
 stage_torch() {
   with_operator || return $?
   echo "## the operator's tests (tests/python/: test_torch_op.py, test_torch_bridge.py --gpu, the"
-  echo "## backward's masks and views, SDPA's masks, the models' training steps)"
+  echo "## backward's masks and views, SDPA's masks, packed sequences, the models' training steps)"
   local rc=0 tests=(test_torch_op.py "test_torch_bridge.py --gpu" test_backward_masks.py
-                    test_backward_views.py test_sdpa_masks.py)
+                    test_backward_views.py test_sdpa_masks.py test_varlen.py)
   # One training step of timm's and transformers' models: where neither package is installed
   # every test of it skips, and a suite none of whose tests ran fails.
   if "$PYTHON" -c "import timm" 2> /dev/null || "$PYTHON" -c "import transformers" 2> /dev/null; then

@@ -129,12 +129,33 @@ class MNMajorOperand {
 // Q, K, V and O of an attention launch as tensor maps, each box one swizzled column block wide:
 // Q in boxes of q_rows tokens, K and V of kv_rows, O of o_rows (a warpgroup's rows). Q and O have
 // N rows a slice, K and V N_k (AttentionArgs::kv_tokens: as many, but in cross-attention). The
-// tensors may be views (AttentionArgs' strides): the maps carry the strides.
+// tensors may be views (AttentionArgs' strides): the maps carry the strides. Packed sequences
+// (AttentionArgs::sequences) are [total, H, D] tensors instead.
 struct AttentionMaps {
   CUtensorMap q, k, v, o;
 };
+// Packed sequences' tensors, [total, H, D]: the token and head strides given, or (H D, D). The
+// maps see them as one batch element of `total` rows (its batch stride, past the last row, is
+// never stepped).
+inline attn::TensorStrides packed_strides(attn::TensorStrides given, int heads, int head_dim,
+                                          int total) {
+  const int64_t token = given.contiguous() ? int64_t(heads) * head_dim : given.token;
+  const int64_t head = given.contiguous() ? head_dim : given.head;
+  return {token * total, head, token};
+}
+
 template <Swizzle kSwizzle>
 AttentionMaps attention_maps(const attn::AttentionArgs& args, int q_rows, int kv_rows, int o_rows) {
+  if (args.sequences.packed()) {  // packed sequences: each tensor one batch element of all rows
+    auto map = [&](const void* tensor, attn::TensorStrides given, int rows, int box_rows) {
+      return tensor_map(tensor, args.dtype, 1, args.heads, rows, args.head_dim,
+                        packed_strides(given, args.heads, args.head_dim, rows), box_rows,
+                        row_columns(kSwizzle), tensor_map_swizzle(kSwizzle));
+    };
+    const int total = args.sequences.total_tokens, kv_total = args.sequences.total_kv_tokens;
+    return {map(args.q, args.qkv_strides, total, q_rows), map(args.k, args.qkv_strides, kv_total, kv_rows),
+            map(args.v, args.qkv_strides, kv_total, kv_rows), map(args.o, args.o_strides, total, o_rows)};
+  }
   const attn::TensorStrides q =
       attn::actual_strides(args.qkv_strides, args.heads, args.tokens, args.head_dim);
   const attn::TensorStrides kv =

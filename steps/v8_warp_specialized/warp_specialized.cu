@@ -25,8 +25,10 @@
 // Serves head dims 32, 64, 80, 96, 128 and 256 (those not a multiple of 64 in 32-column blocks
 // with the 64-byte swizzle, 80 padded to 96 in shared memory; at D = 256 O is staged in the Q
 // buffer, below), in fp16 or bf16 (the kernel is a template on the element type, which the
-// tensor maps and the wgmma instructions name; chapter 16), and N_k keys for N queries
-// (cross-attention: K's and V's maps have N_k rows, the K/V walk counts them). Tile sizes per
+// tensor maps and the wgmma instructions name; chapter 16), N_k keys for N queries
+// (cross-attention: K's and V's maps have N_k rows, the K/V walk counts them), and sequences of
+// different lengths packed one after another (each work tile's sequence from
+// policies/sequences.cuh; chapter 21). Tile sizes per
 // head dim are chosen by measurement (chapters 10 and 20); under the causal mask at D = 64,
 // three consumers share 192-row tiles against 128-key ones (chapter 12). The rings, wgmma groups
 // and staging buffer are the pieces of steps/hopper/pipeline.cuh, which the checked build
@@ -48,6 +50,7 @@
 #include "hopper/hopper.cuh"
 #include "policies/mask.cuh"
 #include "policies/online_softmax.cuh"
+#include "policies/sequences.cuh"
 #include "policies/tile_scheduler.cuh"
 #include "step.hpp"
 
@@ -56,11 +59,13 @@ namespace {
 using hopper::Buffer;
 using hopper::NamedBarrier;
 using policies::kPaddedScore;
+using policies::SequenceSpan;
 using policies::WorkTile;
-// The persistent walk over (slice, 128-row tile) work tiles; under the causal mask the longest
-// row tiles of every slice first, its rounds alternating direction (policies/tile_scheduler.cuh).
-template <typename T, bool kCausal>
-using Scheduler = policies::PersistentScheduler<T::kBlockM, kCausal>;
+// The persistent walk over (slice, 128-row tile) work tiles; under the causal mask, and for
+// packed sequences of different lengths, the walk that can hand out the longest work first, its
+// rounds alternating direction (policies/tile_scheduler.cuh).
+template <typename T, bool kLongestFirst>
+using Scheduler = policies::PersistentScheduler<T::kBlockM, kLongestFirst>;
 
 // ---- Tile geometry and shared memory --------------------------------------------------------
 
@@ -132,12 +137,13 @@ constexpr uint32_t kConsumerWarps = 4 * T::kConsumers;
 constexpr int kSoftmaxChains = 4;
 
 // The K/V tiles of a work tile, the same number for the producer and every consumer: those
-// the mask policy says its 128 rows see. Without a causal mask that is all of N_k's for every
-// work tile (whole_kv_tiles, counted once before the walk).
-template <typename T, bool kCausal>
+// the mask policy (of the tile's sequence) says its 128 rows see. Without a causal mask, in
+// sequences of one length, that is all of N_k's for every work tile (whole_kv_tiles, counted
+// once before the walk).
+template <typename T, bool kCausal, bool kPacked>
 __device__ __forceinline__ int kv_tiles_of(const policies::Mask<kCausal>& mask, const WorkTile& tile,
                                            int whole_kv_tiles) {
-  if (!kCausal) return whole_kv_tiles;
+  if (!kCausal && !kPacked) return whole_kv_tiles;
   return mask.kv_tiles(tile.row0, T::kBlockM, T::kBlockN);
 }
 
@@ -156,51 +162,56 @@ __device__ __forceinline__ void init_barriers(hopper::Ring<T::kQBuffers>& q_ring
 
 // The producer: one thread issues every copy, Q once per work tile, then K and V of its K/V
 // tiles, walking the same work tiles as the consumers.
-template <typename T, typename Element, bool kCausal>
+template <typename T, typename Element, bool kCausal, bool kPacked>
 __device__ __forceinline__ void produce(SharedStorage<T, Element>& smem,
                                         hopper::Ring<T::kQBuffers>& q_ring,
                                         hopper::Ring<T::kStages>& k_ring,
                                         hopper::Ring<T::kStages>& v_ring, const CUtensorMap& q_map,
                                         const CUtensorMap& k_map, const CUtensorMap& v_map,
-                                        const policies::Mask<kCausal>& mask,
-                                        const Scheduler<T, kCausal>& scheduler) {
+                                        const policies::Mask<kCausal>& launch_mask,
+                                        const policies::Sequences<kPacked>& sequences, int tokens,
+                                        const Scheduler<T, kCausal || kPacked>& scheduler) {
   constexpr int kTileColumns = T::kTileColumns, kBlockN = T::kBlockN, kStages = T::kStages;
   constexpr int kSwizzleColumns = T::kSwizzleColumns;
   // Rows [kv_tile * kBlockN, ...) of K or V into the buffer of this use of the ring.
   auto load = [&](hopper::Ring<kStages>& ring, Element (*tiles)[kBlockN * kTileColumns],
-                  const CUtensorMap* map, int use, int kv_tile, const WorkTile& tile) {
+                  const CUtensorMap* map, int use, int kv_tile, const WorkTile& tile,
+                  const SequenceSpan& span, const policies::Mask<kCausal>& mask) {
     hopper::check_tile_seen(mask, kv_tile, kBlockN, tile.row0, T::kBlockM);
     ring.wait_empty(use);
     uint64_t* full = ring.arm(use, T::kKVBytes);
     for (int c = 0; c < T::kColumnBlocks; ++c) {
       hopper::tma_load(tiles[ring.slot(use)] + c * kBlockN * kSwizzleColumns, map, full,
-                       c * kSwizzleColumns, kv_tile * kBlockN, tile.head, tile.batch);
+                       c * kSwizzleColumns, span.kv_start + kv_tile * kBlockN, tile.head, span.batch);
     }
   };
-  const int whole_kv_tiles = (mask.kv_tokens + kBlockN - 1) / kBlockN;
-  int kv_use = 0;
-  for (int index = scheduler.first(), q_use = 0; index < scheduler.work_tiles;
-       index = scheduler.next(index), ++q_use) {
+  const int whole_kv_tiles = (launch_mask.kv_tokens + kBlockN - 1) / kBlockN;
+  int kv_use = 0, q_use = 0;
+  for (int index = scheduler.first(); index < scheduler.work_tiles; index = scheduler.next(index)) {
     const WorkTile tile = scheduler.at(index);
-    const int kv_tiles = kv_tiles_of<T>(mask, tile, whole_kv_tiles);
+    const SequenceSpan span = sequences.of(tile.batch, tokens, launch_mask.kv_tokens);
+    if (kPacked && tile.row0 >= span.tokens) continue;  // past a shorter sequence's end: no work
+    const policies::Mask<kCausal> mask = sequences.mask(span, launch_mask);
+    const int kv_tiles = kv_tiles_of<T, kCausal, kPacked>(mask, tile, whole_kv_tiles);
     // BEGIN EXERCISE: load the work tile's Q, then K and V of its K/V tiles, last tile first
     q_ring.wait_empty(q_use);
     uint64_t* q_full = q_ring.arm(q_use, T::kQBytes);
     for (int c = 0; c < T::kColumnBlocks; ++c) {
       hopper::tma_load(smem.q[q_ring.slot(q_use)] + c * T::kBlockM * kSwizzleColumns, &q_map,
-                       q_full, c * kSwizzleColumns, tile.row0, tile.head, tile.batch);
+                       q_full, c * kSwizzleColumns, span.q_start + tile.row0, tile.head, span.batch);
     }
     // Visit i (0 = the last K/V tile) uses K/V tile kv_tiles - 1 - i. A work tile above the
-    // causal diagonal has none.
-    if (!kCausal || kv_tiles > 0) {
-      load(k_ring, smem.k, &k_map, kv_use, kv_tiles - 1, tile);
+    // causal diagonal has none, and so has one of a packed sequence without keys.
+    if ((!kCausal && !kPacked) || kv_tiles > 0) {
+      load(k_ring, smem.k, &k_map, kv_use, kv_tiles - 1, tile, span, mask);
       for (int i = 1; i < kv_tiles; ++i) {
-        load(k_ring, smem.k, &k_map, kv_use + i, kv_tiles - 1 - i, tile);
-        load(v_ring, smem.v, &v_map, kv_use + i - 1, kv_tiles - i, tile);
+        load(k_ring, smem.k, &k_map, kv_use + i, kv_tiles - 1 - i, tile, span, mask);
+        load(v_ring, smem.v, &v_map, kv_use + i - 1, kv_tiles - i, tile, span, mask);
       }
-      load(v_ring, smem.v, &v_map, kv_use + kv_tiles - 1, 0, tile);
+      load(v_ring, smem.v, &v_map, kv_use + kv_tiles - 1, 0, tile, span, mask);
     }
     kv_use += kv_tiles;
+    ++q_use;
     // END EXERCISE
   }
 }
@@ -374,7 +385,10 @@ struct ScoreMasks {
 // kMasked: key_padding ([B, N_k] bytes, 1: padding) marks keys that get no weight, as in v6
 // (kPaddedScore), a kernel of its own too. kCausal: the causal mask (policies/mask.cuh) decides
 // which K/V tiles a work tile walks, and its boundary tiles mask their keys with kPaddedScore.
-template <typename T, bool kWritesLse, typename Element, bool kMasked, bool kCausal>
+// kPacked: sequences of different lengths packed one after another (policies/sequences.cuh):
+// each work tile's sequence gives its rows' place, its keys and its mask, and O leaves through
+// the threads' own copies (output_rows) instead of the TMA store.
+template <typename T, bool kWritesLse, typename Element, bool kMasked, bool kCausal, bool kPacked>
 __global__ void __launch_bounds__(T::kThreads, 1)
     warp_specialized_attention_kernel(const __grid_constant__ CUtensorMap q_map,
                                       const __grid_constant__ CUtensorMap k_map,
@@ -382,8 +396,10 @@ __global__ void __launch_bounds__(T::kThreads, 1)
                                       const __grid_constant__ CUtensorMap o_map,
                                       float* __restrict__ row_lse,
                                       const uint8_t* __restrict__ key_padding, int tokens,
-                                      const policies::Mask<kCausal> mask,
-                                      const Scheduler<T, kCausal> scheduler, float scale_log2) {
+                                      const policies::Mask<kCausal> launch_mask,
+                                      const Scheduler<T, kCausal || kPacked> scheduler, float scale_log2,
+                                      const policies::Sequences<kPacked> sequences,
+                                      const hopper::OutputRows<kPacked> output_rows) {
   constexpr int kTileColumns = T::kTileColumns, kBlockN = T::kBlockN, kStages = T::kStages;
   constexpr int kSwizzleColumns = T::kSwizzleColumns;
   extern __shared__ unsigned char shared_raw[];
@@ -395,8 +411,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
 
   const int warp_group = threadIdx.x / 128;
   const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
-  const int kv_tokens = mask.kv_tokens;  // N_k keys: N but in cross-attention
-  const int whole_kv_tiles = (kv_tokens + kBlockN - 1) / kBlockN;
+  const int whole_kv_tiles = (launch_mask.kv_tokens + kBlockN - 1) / kBlockN;
   hopper::StagingBuffer o_staging(warp_group - 1);  // the consumers' (c = warp_group - 1)
 
   if (threadIdx.x == 0) init_barriers<T>(q_ring, k_ring, v_ring);
@@ -410,7 +425,8 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     // ---------------- Producer: one thread issues every copy ----------------
     hopper::release_registers<T::kProducerRegisters>();
     if (warp != 0 || lane != 0) return;
-    produce<T, Element>(smem, q_ring, k_ring, v_ring, q_map, k_map, v_map, mask, scheduler);
+    produce<T, Element>(smem, q_ring, k_ring, v_ring, q_map, k_map, v_map, launch_mask, sequences,
+                        tokens, scheduler);
     return;
   }
 
@@ -424,24 +440,30 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   hopper::PingPong turns(consumer, T::kConsumers);
   if (consumer == T::kConsumers - 1) turns.hand_over_first_turn();
 
-  int kv_use = 0;
-  for (int index = scheduler.first(), q_use = 0; index < scheduler.work_tiles;
-       index = scheduler.next(index), ++q_use) {
+  // A mask may leave a row no key: a causal diagonal, the key-padding mask, a packed sequence
+  // without keys.
+  constexpr bool kMaybeNoKey = kMasked || kCausal || kPacked;
+  int kv_use = 0, q_use = 0;
+  for (int index = scheduler.first(); index < scheduler.work_tiles; index = scheduler.next(index)) {
     const WorkTile tile = scheduler.at(index);
+    const SequenceSpan span = sequences.of(tile.batch, tokens, launch_mask.kv_tokens);
+    if (kPacked && tile.row0 >= span.tokens) continue;  // past a shorter sequence's end: no work
+    const policies::Mask<kCausal> mask = sequences.mask(span, launch_mask);
     const int my_row0 = tile.row0 + consumer * 64;
-    const int kv_tiles = kv_tiles_of<T>(mask, tile, whole_kv_tiles);
+    const int kv_tiles = kv_tiles_of<T, kCausal, kPacked>(mask, tile, whole_kv_tiles);
 
     // A warpgroup with no rows before N in this work tile only keeps the barrier counts.
-    if (my_row0 >= tokens) {
+    if (my_row0 >= span.tokens) {
       keep_counts<T>(q_ring, k_ring, v_ring, turns, groups, q_use, kv_use, kv_tiles, lane);
       kv_use += kv_tiles;
+      ++q_use;
       continue;
     }
 
     float o_acc[kTileColumns / 2] = {};
     // Raw score units. Under the causal mask a row may see no key of a tile, or none at all:
     // starting from kPaddedScore, its maximum stays finite, and stays kPaddedScore if it sees none.
-    const float no_score = kCausal ? kPaddedScore : -INFINITY;
+    const float no_score = kCausal || kPacked ? kPaddedScore : -INFINITY;
     float row_max[2] = {no_score, no_score};
     float row_sum[2] = {0.0f, 0.0f};            // this lane's share; the quad's sum at the end
     float s_acc[kBlockN / 2];                   // S, then exp(S - max) in place
@@ -458,11 +480,11 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     auto issue_output = [&](int use) {
       wgmma_output<T, Element>(o_acc, p_fragments, smem.v[v_ring.read(use, groups)], groups);
     };
-    const ScoreMasks<T, kMasked, kCausal> masks{mask, key_padding + int64_t(tile.batch) * kv_tokens,
+    const ScoreMasks<T, kMasked, kCausal> masks{mask, key_padding + int64_t(tile.batch) * mask.kv_tokens,
                                                 my_row0 + warp * 16 + lane / 4, lane};
 
     q_ring.wait_full(q_use);
-    if (kCausal && kv_tiles == 0) {  // every row above the diagonal: O = 0, L = -inf
+    if ((kCausal || kPacked) && kv_tiles == 0) {  // every row above the diagonal, or no key: O = 0, L = -inf
       if constexpr (!T::kOutputInQ) q_ring.release(q_use, lane, groups);
     } else {
       // Visit 0 is the last K/V tile: the only one that can hold keys past N_k (their K rows are
@@ -522,14 +544,17 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     } else {
       o_tile = smem.o;
     }
-    hopper::store_output<T, kWritesLse, kMasked || kCausal>(o_tile, o_staging, o_map, o_acc, row_max,
-                                                           row_sum, row_lse, tile, tokens, consumer,
-                                                           my_row0, warp, lane, scale_log2);
+    hopper::OutputRows<kPacked> rows = output_rows;
+    if constexpr (kPacked) rows.q_start = span.q_start;
+    hopper::store_output<T, kWritesLse, kMaybeNoKey>(o_tile, o_staging, o_map, o_acc, row_max, row_sum,
+                                                     row_lse, tile, span.tokens, consumer, my_row0,
+                                                     warp, lane, scale_log2, rows);
     if constexpr (T::kOutputInQ) {  // the Q buffer is free once the store has read this O
       if (thread_in_group == 0) o_staging.wait_read();
       o_staging.sync();
       q_ring.release(q_use, lane, groups);
     }
+    ++q_use;
   }
   if (consumer == 0) turns.wait_for_turn();  // the turn the last consumer passed last: every arrival is met
   if (thread_in_group == 0) o_staging.wait();  // shared memory must outlive the stores
@@ -539,6 +564,9 @@ __global__ void __launch_bounds__(T::kThreads, 1)
 
 template <typename Element, typename T, bool kCausal>
 void launch_for(const attn::AttentionArgs& args) {
+  // Packed sequences with no query at all leave nothing to compute (the C ABI refuses a batch
+  // with queries but no key anywhere, where a tensor map of zero rows cannot be made).
+  if (args.sequences.packed() && args.sequences.total_tokens == 0) return;
   const int64_t slices = int64_t(args.batch) * args.heads;
   // Q in work tiles of rows, K and V in tiles of keys, O in a consumer's 64 rows (views too).
   const hopper::AttentionMaps maps =
@@ -557,18 +585,50 @@ void launch_for(const attn::AttentionArgs& args) {
   // blocks at once, which read its K/V tiles from L2 together; with fewer the blocks fetch them
   // from HBM one by one, and at D = 128 that cost more than the balance won (chapter 20).
   const bool longest_first = kCausal && blocks >= 4 * slices;
-  attn::with_flags(
-      [&](auto lse, auto masked) {
-        auto kernel = warp_specialized_attention_kernel<T, decltype(lse)::value, Element,
-                                                        decltype(masked)::value, kCausal>;
-        CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        int(kSharedBytes<T>)));
-        kernel<<<blocks, T::kThreads, kSharedBytes<T>, args.stream>>>(
-            maps.q, maps.k, maps.v, maps.o, args.log_sum_exp, args.key_padding_mask, args.tokens,
-            policies::Mask<kCausal>{args.kv_tokens, diagonal},
-            Scheduler<T, kCausal>{{row_tiles, args.heads}, int(work_tiles), longest_first}, scale_log2);
-      },
-      args.log_sum_exp != nullptr, args.key_padding_mask != nullptr);
+  const policies::Mask<kCausal> launch_mask{args.kv_tokens, diagonal};
+  auto launch = [&](auto kernel, auto scheduler, auto sequences, auto output_rows) {
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    int(kSharedBytes<T>)));
+    kernel<<<blocks, T::kThreads, kSharedBytes<T>, args.stream>>>(
+        maps.q, maps.k, maps.v, maps.o, args.log_sum_exp, args.key_padding_mask, args.tokens,
+        launch_mask, scheduler, scale_log2, sequences, output_rows);
+  };
+  if (args.sequences.packed()) {
+    // Packed sequences: a work tile per (sequence, head, 128 rows of the longest), O copied out
+    // row by row into [total, H, D] (its strides in bytes, as the maps have them). The walk goes
+    // bottom row tile first across every slice: a short sequence has no tiles there (the empty
+    // ones are skipped at once), so the long sequences' tiles, the most work, go out first and
+    // the short ones fill in behind them. Slice by slice instead, a block would keep one place
+    // in every slice (where the tiles per slice divide the blocks) and the blocks whose place
+    // lies in every short sequence would do all their work (chapter 21).
+    if (args.key_padding_mask != nullptr) {
+      throw std::invalid_argument("v8: packed sequences take no key-padding mask (each sequence's keys are its own)");
+    }
+    const attn::TensorStrides o =
+        hopper::packed_strides(args.o_strides, args.heads, args.head_dim, args.sequences.total_tokens);
+    const hopper::OutputRows<true> output_rows{reinterpret_cast<unsigned char*>(args.o),
+                                               o.token * int64_t(sizeof(Element)),
+                                               o.head * int64_t(sizeof(Element)),
+                                               args.sequences.total_tokens, 0};
+    const policies::Sequences<true> sequences{args.sequences.cu_seqlens_q, args.sequences.cu_seqlens_k,
+                                              args.causal == attn::Causal::bottom_right};
+    const Scheduler<T, true> scheduler{{row_tiles, args.heads}, int(work_tiles), /*longest_first=*/true};
+    attn::with_flags(
+        [&](auto lse) {
+          launch(warp_specialized_attention_kernel<T, decltype(lse)::value, Element, false, kCausal, true>,
+                 scheduler, sequences, output_rows);
+        },
+        args.log_sum_exp != nullptr);
+  } else {
+    const Scheduler<T, kCausal> scheduler{{row_tiles, args.heads}, int(work_tiles), longest_first};
+    attn::with_flags(
+        [&](auto lse, auto masked) {
+          launch(warp_specialized_attention_kernel<T, decltype(lse)::value, Element,
+                                                   decltype(masked)::value, kCausal, false>,
+                 scheduler, policies::Sequences<false>{}, hopper::OutputRows<false>{});
+        },
+        args.log_sum_exp != nullptr, args.key_padding_mask != nullptr);
+  }
   CUDA_CHECK_LAUNCH();
 }
 
@@ -681,4 +741,5 @@ ATTN_REGISTER_STEP(attn::step_info(ATTN_STEP_ID,
                        .writing_log_sum_exp()
                        .taking_kv_tokens()
                        .taking_key_padding_mask()
-                       .taking_causal())
+                       .taking_causal()
+                       .taking_packed_sequences())

@@ -114,7 +114,7 @@ bool contains(const std::string& text, const std::string& fragment) {
 TEST_CASE("through the C ABI: tail shapes, every head dim served, against the fp64 reference") {
   const attn::Stream stream;
   for (int head_dim : head_dims()) {
-    for (const attn::Shape shape : {attn::Shape{2, 3, 65, head_dim}, attn::Shape{1, 2, 1, head_dim},
+    for (const attn::Shape& shape : {attn::Shape{2, 3, 65, head_dim}, attn::Shape{1, 2, 1, head_dim},
                                     attn::Shape{1, 1, 130, head_dim}}) {
       CAPTURE(shape.str());
       const Answer served = check_shape(shape);
@@ -261,7 +261,7 @@ TEST_CASE("views in cross-attention: sequence-first Q [N, B, H, D], K and V [N_k
 TEST_CASE("L, the log-sum-exp of each row: written by the steps that say so, refused by the others") {
   const attn::Stream stream;
   for (int head_dim : head_dims()) {
-    for (const attn::Shape shape : {attn::Shape{2, 3, 65, head_dim}, attn::Shape{1, 2, 1, head_dim},
+    for (const attn::Shape& shape : {attn::Shape{2, 3, 65, head_dim}, attn::Shape{1, 2, 1, head_dim},
                                     attn::Shape{1, 1, 577, head_dim}}) {
       CAPTURE(shape.str());
       if (check_shape(shape).status != ATTN_OK) continue;

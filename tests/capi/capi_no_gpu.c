@@ -227,6 +227,41 @@ int main(void) {
     expect_answer(attn_launch("v0", &call, message, sizeof message), ATTN_REFUSED, message,
                   "does not serve --dtype bf16", "a step that takes fp16 only refuses bf16");
   }
+  /* Packed sequences (attn_launch_args::cu_seqlens_q, ABI version 9), judged before the GPU is
+   * asked anything: a forward step without takes_packed_sequences refuses them, naming them; one
+   * with it refuses them beside a key-padding mask, and every step refuses the totals or
+   * cu_seqlens_k without cu_seqlens_q. */
+  for (i = 0; i < count; ++i) {
+    static int fake_sums[4] __attribute__((aligned(16)));
+    static char fake_mask[64] __attribute__((aligned(16)));
+    attn_launch_args call = {0};
+    char what[200];
+    if (attn_step_get(i, &info) != ATTN_OK || info.is_backward) continue;
+    call.batch = 3;
+    call.heads = 1;
+    call.tokens = call.head_dim = 64;
+    call.total_tokens = 100;
+    call.cu_seqlens_q = fake_sums;
+    if (!info.takes_packed_sequences) {
+      snprintf(what, sizeof what, "%s (takes_packed_sequences 0) refuses packed sequences", info.id);
+      expect_answer(attn_launch(info.id, &call, message, sizeof message), ATTN_REFUSED, message,
+                    "does not serve packed sequences", what);
+    } else {
+      call.key_padding_mask = fake_mask;
+      snprintf(what, sizeof what, "%s refuses a key-padding mask with packed sequences", info.id);
+      expect_answer(attn_launch(info.id, &call, message, sizeof message), ATTN_REFUSED, message,
+                    "packed sequences take no key-padding mask", what);
+      call.key_padding_mask = NULL;
+      call.total_kv_tokens = 50;
+      snprintf(what, sizeof what, "%s refuses other key totals without cu_seqlens_k", info.id);
+      expect_answer(attn_launch(info.id, &call, message, sizeof message), ATTN_REFUSED, message,
+                    "give cu_seqlens_k too", what);
+    }
+    call.cu_seqlens_q = NULL;
+    snprintf(what, sizeof what, "%s refuses packed totals without cu_seqlens_q", info.id);
+    expect_answer(attn_launch(info.id, &call, message, sizeof message), ATTN_REFUSED, message,
+                  "without cu_seqlens_q", what);
+  }
   /* The backward's N_k and key-padding mask (attn_backward_args, ABI version 8): a backward step
    * that does not take them refuses them before anything else, naming the flag; one that does
    * goes on to the next check (no CUDA device here, or the NULL pointers on a GPU). */

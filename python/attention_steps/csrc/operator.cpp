@@ -26,7 +26,15 @@
 //                      str step, float? scale=None, bool deterministic=False, str? causal=None,
 //                      Tensor? key_padding_mask=None) -> (Tensor dq, Tensor dk, Tensor dv)
 //
-// dQ is shaped like q, dK and dV like k and v ([B, H, N_k, D]), all contiguous. A backward step
+// dQ is shaped like q, dK and dV like k and v ([B, H, N_k, D]), all contiguous. Packed sequences
+// of different lengths (FlashAttention's varlen layout; attention_steps.varlen checks the prefix
+// sums first), forward only:
+//
+//   varlen_attention(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k,
+//                    int max_seqlen_q, int max_seqlen_k, str step, str? causal=None,
+//                    float? scale=None, bool return_log_sum_exp=False) -> (Tensor, Tensor)
+//
+// returns O [total_q, H, D] (contiguous) and L [H, total_q]. A backward step
 // that takes views reads q, k, v, o and d_o where they lie, as the forward step read and wrote
 // them (no copy in the training path); for the others they are copied to contiguous tensors.
 #include <ATen/cuda/CUDAContext.h>
@@ -242,6 +250,35 @@ at::Tensor padding_bytes(const std::optional<at::Tensor>& key_padding_mask, cons
   return mask.contiguous();
 }
 
+// Where no launch is needed: no query (nothing to write), or no key at all (every row sees none:
+// O = 0 and L = -inf). Returns whether the call is answered.
+bool answered_without_launch(const at::Tensor& o, const at::Tensor& log_sum_exp, int64_t queries,
+                             int64_t keys) {
+  if (queries == 0) return true;
+  if (keys > 0) return false;
+  o.zero_();
+  log_sum_exp.fill_(-std::numeric_limits<float>::infinity());
+  return true;
+}
+
+// The launch's tensors and the fields every call fills alike: torch's stream of q's device, whose
+// tensors the library need not check (pointers_checked_by_caller), and q's dtype.
+attn_launch_args launch_args(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                             const at::Tensor& o, const at::Tensor& log_sum_exp,
+                             bool return_log_sum_exp, std::optional<double> scale) {
+  attn_launch_args call{};
+  call.q = q.data_ptr();
+  call.k = k.data_ptr();
+  call.v = v.data_ptr();
+  call.o = o.data_ptr();
+  call.log_sum_exp = return_log_sum_exp ? log_sum_exp.data_ptr() : nullptr;
+  call.scale = scale.value_or(0.0);
+  call.stream = at::cuda::getCurrentCUDAStream(q.get_device()).stream();
+  call.pointers_checked_by_caller = 1;
+  call.dtype = dtype_of(q);
+  return call;
+}
+
 // A refusal as ValueError, any other failure as RuntimeError, with the library's line.
 void check_status(int status, const char* message) {
   TORCH_CHECK_VALUE(status != ATTN_REFUSED, "attention_steps: ", message);
@@ -289,19 +326,9 @@ std::tuple<at::Tensor, at::Tensor> attention_kernel(const at::Tensor& q, const a
   const at::Tensor log_sum_exp =
       at::empty(return_log_sum_exp ? at::IntArrayRef{batch, heads, tokens} : at::IntArrayRef{0},
                 q.options().dtype(at::kFloat));
-  if (q.numel() == 0) return {o, log_sum_exp};  // nothing to compute
-  if (k.numel() == 0) {  // no key at all: every row sees none, O = 0 and L = -inf
-    o.zero_();
-    log_sum_exp.fill_(-std::numeric_limits<float>::infinity());
-    return {o, log_sum_exp};
-  }
+  if (answered_without_launch(o, log_sum_exp, q.numel(), k.numel())) return {o, log_sum_exp};
 
-  attn_launch_args call{};
-  call.q = q_in.data_ptr();
-  call.k = k_in.data_ptr();
-  call.v = v_in.data_ptr();
-  call.o = o.data_ptr();
-  call.log_sum_exp = return_log_sum_exp ? log_sum_exp.data_ptr() : nullptr;
+  attn_launch_args call = launch_args(q_in, k_in, v_in, o, log_sum_exp, return_log_sum_exp, scale);
   call.batch = batch;
   call.heads = heads;
   call.tokens = tokens;
@@ -311,12 +338,91 @@ std::tuple<at::Tensor, at::Tensor> attention_kernel(const at::Tensor& q, const a
   if (padding.defined()) call.key_padding_mask = padding.data_ptr();
   if (strides) call.qkv_strides = *strides;
   if (facts.takes_strides) call.o_strides = attn_strides{o.stride(0), o.stride(1), o.stride(2)};
-  call.scale = scale.value_or(0.0);
-  call.stream = at::cuda::getCurrentCUDAStream(q.get_device()).stream();
-  call.pointers_checked_by_caller = 1;  // torch tensors of this device, torch's stream
-  call.dtype = dtype_of(q);
   call.causal = causal_of(causal);
   const at::Tensor workspace = facts.uses_workspace ? workspace_for(id, q, call) : at::Tensor();
+  char message[1024];
+  check_status(attn_launch(id.c_str(), &call, message, sizeof message), message);
+  return {o, log_sum_exp};
+}
+
+// varlen_attention: packed sequences of different lengths, FlashAttention's varlen layout. q and
+// O are [total_q, H, D], k and v [total_k, H, D]; cu_seqlens_q and cu_seqlens_k are int32
+// [S + 1] prefix sums on q's device, max_seqlen_q and max_seqlen_k the longest lengths. Returns
+// O (contiguous) and L ([H, total_q] fp32, when return_log_sum_exp). The prefix sums are not read
+// here (that would synchronise): attention_steps.varlen_attention checks them first.
+void check_packed(const char* name, const at::Tensor& tensor, const at::Tensor& q) {
+  TORCH_CHECK_VALUE(tensor.dim() == 3, "attention_steps: ", name,
+                    " must have 3 dimensions [total, H, D] (packed sequences); it has shape ",
+                    shape_text(tensor));
+  TORCH_CHECK_TYPE(tensor.scalar_type() == at::kHalf || tensor.scalar_type() == at::kBFloat16,
+                   "attention_steps: ", name, " is ", tensor.scalar_type(),
+                   "; the steps take torch.float16 and torch.bfloat16");
+  TORCH_CHECK_TYPE(tensor.scalar_type() == q.scalar_type(), "attention_steps: ", name, " is ",
+                   tensor.scalar_type(), " and q is ", q.scalar_type(), "; give them one dtype");
+  TORCH_CHECK_VALUE(tensor.is_cuda() && tensor.device() == q.device(), "attention_steps: ", name,
+                    " is on ", tensor.device(), "; q, k and v must be CUDA tensors of one device");
+}
+
+void check_prefix_sums(const char* name, const at::Tensor& sums, const at::Tensor& q) {
+  TORCH_CHECK_TYPE(sums.scalar_type() == at::kInt, "attention_steps: ", name, " is ",
+                   sums.scalar_type(), "; it must be torch.int32");
+  TORCH_CHECK_VALUE(sums.dim() == 1 && sums.size(0) >= 2, "attention_steps: ", name,
+                    " must be [S + 1] prefix sums of S >= 1 lengths; it has shape ", shape_text(sums));
+  TORCH_CHECK_VALUE(sums.device() == q.device(), "attention_steps: ", name, " is on ", sums.device(),
+                    ", q on ", q.device(), "; the prefix sums go on q's GPU");
+}
+
+std::tuple<at::Tensor, at::Tensor> varlen_attention_kernel(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& cu_seqlens_q,
+    const at::Tensor& cu_seqlens_k, int64_t max_seqlen_q, int64_t max_seqlen_k, c10::string_view step,
+    std::optional<c10::string_view> causal, std::optional<double> scale, bool return_log_sum_exp) {
+  const std::string id(step);
+  const StepFacts& facts = facts_of(id);
+  check_packed("q", q, q);
+  check_packed("k", k, q);
+  check_packed("v", v, q);
+  check_prefix_sums("cu_seqlens_q", cu_seqlens_q, q);
+  check_prefix_sums("cu_seqlens_k", cu_seqlens_k, q);
+  TORCH_CHECK_VALUE(cu_seqlens_q.size(0) == cu_seqlens_k.size(0), "attention_steps: cu_seqlens_q ",
+                    shape_text(cu_seqlens_q), " and cu_seqlens_k ", shape_text(cu_seqlens_k),
+                    " must count the same sequences");
+  TORCH_CHECK_VALUE(k.sizes() == v.sizes(), "attention_steps: k and v must have one shape; got ",
+                    shape_text(k), " and ", shape_text(v));
+  TORCH_CHECK_VALUE(k.size(1) == q.size(1) && k.size(2) == q.size(2), "attention_steps: q ",
+                    shape_text(q), " and k ", shape_text(k), " must agree in H and D");
+  TORCH_CHECK_VALUE(!scale.has_value() || *scale > 0.0, "attention_steps: scale must be "
+                    "positive; got ", std::to_string(scale.value_or(0.0)));
+  TORCH_CHECK_VALUE(!return_log_sum_exp || facts.writes_log_sum_exp, "attention_steps: ", id,
+                    " does not write L (the log-sum-exp); steps that do: ", steps_writing_log_sum_exp());
+  const int64_t total = q.size(0), kv_total = k.size(0), heads = q.size(1), head_dim = q.size(2);
+  const c10::cuda::CUDAGuard device_guard(q.device());
+  // Rows of D contiguous and 16-byte aligned, one token and head stride for q, k and v (else
+  // contiguous copies); O contiguous.
+  auto in_place = [&](const at::Tensor& t) {
+    return t.stride(2) == 1 && t.stride(0) == q.stride(0) && t.stride(1) == q.stride(1) &&
+           reinterpret_cast<std::uintptr_t>(t.data_ptr()) % 16 == 0 && t.stride(0) % 8 == 0 &&
+           t.stride(1) % 8 == 0 && t.stride(0) >= head_dim && t.stride(1) >= head_dim;
+  };
+  const bool views = facts.takes_strides && in_place(q) && in_place(k) && in_place(v);
+  const at::Tensor q_in = views ? q : q.contiguous();
+  const at::Tensor k_in = views ? k : k.contiguous();
+  const at::Tensor v_in = views ? v : v.contiguous();
+  const at::Tensor o = at::empty({total, heads, head_dim}, q.options());
+  const at::Tensor log_sum_exp = at::empty(return_log_sum_exp ? at::IntArrayRef{heads, total} : at::IntArrayRef{0},
+                                           q.options().dtype(at::kFloat));
+  if (answered_without_launch(o, log_sum_exp, total, kv_total)) return {o, log_sum_exp};
+  attn_launch_args call = launch_args(q_in, k_in, v_in, o, log_sum_exp, return_log_sum_exp, scale);
+  call.batch = cu_seqlens_q.size(0) - 1;
+  call.heads = heads;
+  call.tokens = max_seqlen_q;
+  call.kv_tokens = max_seqlen_k;
+  call.head_dim = head_dim;
+  call.cu_seqlens_q = cu_seqlens_q.data_ptr();
+  call.cu_seqlens_k = cu_seqlens_k.data_ptr();
+  call.total_tokens = total;
+  call.total_kv_tokens = kv_total;
+  call.qkv_strides = attn_strides{0, q_in.stride(1), q_in.stride(0)};
+  call.causal = causal_of(causal);
   char message[1024];
   check_status(attn_launch(id.c_str(), &call, message, sizeof message), message);
   return {o, log_sum_exp};
@@ -486,11 +592,15 @@ TORCH_LIBRARY(attention_steps, m) {
   m.def("attention_backward(Tensor d_o, Tensor q, Tensor k, Tensor v, Tensor o, "
         "Tensor log_sum_exp, str step, float? scale=None, bool deterministic=False, "
         "str? causal=None, Tensor? key_padding_mask=None) -> (Tensor, Tensor, Tensor)");
+  m.def("varlen_attention(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, "
+        "int max_seqlen_q, int max_seqlen_k, str step, str? causal=None, float? scale=None, "
+        "bool return_log_sum_exp=False) -> (Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(attention_steps, CUDA, m) {
   m.impl("attention", &attention_kernel);
   m.impl("attention_backward", &attention_backward_kernel);
+  m.impl("varlen_attention", &varlen_attention_kernel);
 }
 
 // On CPU tensors the same function, for its checks: "q is on cpu; the steps run on CUDA tensors"
