@@ -13,8 +13,10 @@ A row tile of rows [r0, r0 + M) walks ceil(min(r0 + M, N) / K) K/V tiles of K ke
 top-left diagonal, N_k = N).
 
 Packed sequences of different lengths (--lengths, no causal mask; chapter 21) are walked the same
-two ways, over the row tiles of the longest: a row tile past a shorter sequence's end is empty,
-and every row tile of a sequence of n tokens walks ceil(n / K) K/V tiles (plus one, for what a
+two ways over the row tiles of the longest (a row tile past a shorter sequence's end is empty),
+and a third way, the one step 8 takes: the row tiles that exist, sequence by sequence, head by
+head, in order (PackedScheduler; its at most one empty tile a sequence and head costs nothing
+here). Every row tile of a sequence of n tokens walks ceil(n / K) K/V tiles (plus one, for what a
 tile costs besides its visits).
 
   scripts/causal_walk.py [--blocks 132] B,H,N,M,K [B,H,N,M,K ...]
@@ -39,6 +41,7 @@ def visits(batch, heads, tokens, rows, keys, blocks, longest_first):
 
 
 def packed_visits(lengths, heads, rows, keys, blocks, longest_first):
+    """Over the longest sequence's row tiles: slice by slice, or longest first."""
     row_tiles, slices = math.ceil(max(lengths) / rows), len(lengths) * heads
     work_tiles = row_tiles * slices
     per_block = [0] * blocks
@@ -56,6 +59,15 @@ def packed_visits(lengths, heads, rows, keys, blocks, longest_first):
     return per_block
 
 
+def packed_in_order(lengths, heads, rows, keys, blocks):
+    """The row tiles that exist, sequence by sequence, head by head, in order."""
+    costs = [math.ceil(n / keys) + 1 for n in lengths for _ in range(heads) for _ in range(math.ceil(n / rows))]
+    per_block = [0] * blocks
+    for index, cost in enumerate(costs):
+        per_block[index % blocks] += cost
+    return per_block
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--blocks", type=int, default=132, help="persistent blocks (an H100's SMs)")
@@ -65,12 +77,14 @@ def main():
     if args.lengths:
         lengths = [int(v) for v in args.lengths.split(",")]
         print(f"{len(lengths)} packed sequences, {sum(lengths)} tokens: busiest block / mean, "
-              "slice by slice -> longest first")
+              "slice by slice, longest first, in order")
         for text in args.shapes:
             heads, rows, keys = (int(v) for v in text.split(","))
-            ratios = [max(p) / (sum(p) / len(p)) for p in
-                      (packed_visits(lengths, heads, rows, keys, args.blocks, first) for first in (False, True))]
-            print(f"H = {heads}, {rows} x {keys}: {ratios[0]:.3f} -> {ratios[1]:.3f}")
+            walks = [packed_visits(lengths, heads, rows, keys, args.blocks, False),
+                     packed_visits(lengths, heads, rows, keys, args.blocks, True),
+                     packed_in_order(lengths, heads, rows, keys, args.blocks)]
+            ratios = [max(p) / (sum(p) / len(p)) for p in walks]
+            print(f"H = {heads}, {rows} x {keys}: " + ", ".join(f"{r:.3f}" for r in ratios))
         return
     print("shape (B, H, N), tile M x K: busiest block / mean, slice by slice -> longest first")
     for text in args.shapes:

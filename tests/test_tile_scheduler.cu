@@ -2,12 +2,14 @@
 // exactly once by some block, in each of the walks step 8 launches (slice by slice; causal, with
 // and without longest_first), including a last round that does not fill the blocks; and the
 // balance of the causal walks counted in K/V visits with the mask policy itself, the figures
-// chapter 20 quotes from scripts/causal_walk.py.
+// chapter 20 quotes from scripts/causal_walk.py; and the walk over packed sequences (every row
+// tile of every sequence once, in order, found from the prefix sums alone).
 #include <doctest/doctest.h>
 
 #include <algorithm>
 #include <numeric>
 #include <set>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -105,5 +107,45 @@ TEST_SUITE("tile_scheduler") {
   TEST_CASE("the causal walks' balance at (1, 16, 16384, 128), 160-key tiles: chapter 20's count") {
     CHECK(busiest_over_mean(16384, 16, 1, 160, false) == doctest::Approx(1.543).epsilon(0.001));
     CHECK(busiest_over_mean(16384, 16, 1, 160, true) == doctest::Approx(1.008).epsilon(0.001));
+  }
+
+  TEST_CASE("the packed walk takes every row tile of every sequence and head once, and little else") {
+    const std::vector<std::vector<int32_t>> mixes = {
+        {197, 577, 50}, {1}, {0}, {0, 5, 0, 130, 0}, {128, 128, 127, 129, 256, 1},
+        {4097, 197, 197, 1025, 2305, 577}, std::vector<int32_t>(100, 65)};
+    for (const std::vector<int32_t>& lengths : mixes) {
+      for (int heads : {1, 3, 16}) {
+        CAPTURE(lengths.size());
+        CAPTURE(heads);
+        std::vector<int32_t> sums{0};
+        for (int32_t length : lengths) sums.push_back(sums.back() + length);
+        const int sequences = int(lengths.size());
+        const policies::PackedScheduler<kRows> order{sums.data(), sequences, heads,
+                                                     heads * (sums.back() / kRows + sequences)};
+        std::set<std::pair<int, int>> seen;  // (slice, tile) of the tiles that exist
+        int empty = 0;
+        for (int index = 0; index < order.work_tiles; ++index) {
+          const policies::WorkTile tile = order.at(index);
+          REQUIRE(tile.batch >= 0);
+          REQUIRE(tile.batch < sequences);
+          CHECK(tile.slice == tile.batch * heads + tile.head);
+          CHECK(tile.row0 == tile.tile * kRows);
+          if (tile.row0 >= lengths[std::size_t(tile.batch)]) {
+            ++empty;  // past its sequence's end: skipped by the kernels
+            continue;
+          }
+          CHECK(seen.insert({tile.slice, tile.tile}).second);  // never twice
+          if (index > 0) {  // in order: sequence by sequence, head by head, row tile by row tile
+            const policies::WorkTile before = order.at(index - 1);
+            CHECK(std::make_tuple(before.batch, before.head, before.tile) <
+                  std::make_tuple(tile.batch, tile.head, tile.tile));
+          }
+        }
+        int expected = 0;
+        for (int32_t length : lengths) expected += heads * ((length + kRows - 1) / kRows);
+        CHECK(int(seen.size()) == expected);  // every one taken
+        CHECK(empty <= heads * sequences);    // at most one extra a (sequence, head)
+      }
+    }
   }
 }

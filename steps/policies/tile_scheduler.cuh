@@ -32,7 +32,15 @@
 // order gives up the L2 reuse of the slice-by-slice walk, whose blocks work on neighbouring row
 // tiles of a few slices and read the same K/V tiles together: a step asks for it only where each
 // slice still has several blocks at once (chapter 20).
+//
+// Packed sequences of different lengths (chapter 21) get a walk of their own (PackedScheduler):
+// only the row tiles that exist, sequence by sequence, head by head, in order, so that the
+// blocks running at once work on neighbouring row tiles of one sequence (its K/V tiles shared
+// in L2), and no block keeps one place in every slice: the tiles of different sequences differ
+// in number, so the rounds drift across them.
 #pragma once
+
+#include <cstdint>
 
 namespace policies {
 
@@ -90,6 +98,46 @@ struct PersistentScheduler : TileScheduler<kRowsPerTile> {
     const int slices = work_tiles / this->tiles_per_slice;
     const int slice = index % slices, tile = this->tiles_per_slice - 1 - index / slices;
     return {slice, slice % this->heads, slice / this->heads, tile, tile * kRowsPerTile};
+  }
+};
+
+// The walk over packed sequences (step.hpp's PackedSequences): work tile `index` is row tile t of
+// head h of sequence s, the work tiles of s being those of its h, then t, in order. Sequence s's
+// tiles begin at index heads * (cu_seqlens[s] / kRows + s): a sequence of n rows starting anywhere
+// gets ceil(n / kRows) or one more row tiles of indices, so they are found from the prefix sums
+// alone (a binary search, no table to build), and at most one tile a (sequence, head) lies past
+// its end: at(index) gives it row0 >= its length, and the kernels skip it. The launch has
+// heads * (total / kRows + sequences) work tiles. Persistent: block b takes b, b + gridDim.x, ...
+template <int kRowsPerTile>
+struct PackedScheduler {
+  const int32_t* cu_seqlens;  // [sequences + 1], on the device (on the host for the tests)
+  int sequences, heads;
+  int work_tiles;
+
+  __device__ __forceinline__ int first() const { return int(blockIdx.x); }
+  __device__ __forceinline__ int next(int index) const { return index + int(gridDim.x); }
+  __host__ __device__ __forceinline__ int start(int sequence) const {  // its first row tile index, per head
+    return load(sequence) / kRowsPerTile + sequence;
+  }
+  __host__ __device__ __forceinline__ WorkTile at(int index) const {
+    int low = 0, high = sequences - 1;  // the last sequence whose tiles begin at or before index
+    while (low < high) {
+      const int middle = (low + high + 1) / 2;
+      if (heads * start(middle) <= index) low = middle; else high = middle - 1;
+    }
+    const int sequence = low, first = heads * start(sequence);
+    const int tiles = start(sequence + 1) - start(sequence);  // its row tiles, per head
+    const int local = index - first, head = local / tiles, tile = local % tiles;
+    return {sequence * heads + head, head, sequence, tile, tile * kRowsPerTile};
+  }
+
+ private:
+  __host__ __device__ __forceinline__ int load(int i) const {
+#ifdef __CUDA_ARCH__
+    return __ldg(cu_seqlens + i);
+#else
+    return cu_seqlens[i];
+#endif
   }
 };
 

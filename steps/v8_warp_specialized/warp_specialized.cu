@@ -61,11 +61,12 @@ using hopper::NamedBarrier;
 using policies::kPaddedScore;
 using policies::SequenceSpan;
 using policies::WorkTile;
-// The persistent walk over (slice, 128-row tile) work tiles; under the causal mask, and for
-// packed sequences of different lengths, the walk that can hand out the longest work first, its
-// rounds alternating direction (policies/tile_scheduler.cuh).
-template <typename T, bool kLongestFirst>
-using Scheduler = policies::PersistentScheduler<T::kBlockM, kLongestFirst>;
+// The persistent walk over (slice, 128-row tile) work tiles; under the causal mask the longest
+// row tiles of every slice first, its rounds alternating direction; for packed sequences of
+// different lengths, the row tiles that exist, sequence by sequence (policies/tile_scheduler.cuh).
+template <typename T, bool kCausal, bool kPacked = false>
+using Scheduler = std::conditional_t<kPacked, policies::PackedScheduler<T::kBlockM>,
+                                     policies::PersistentScheduler<T::kBlockM, kCausal>>;
 
 // ---- Tile geometry and shared memory --------------------------------------------------------
 
@@ -170,7 +171,7 @@ __device__ __forceinline__ void produce(SharedStorage<T, Element>& smem,
                                         const CUtensorMap& k_map, const CUtensorMap& v_map,
                                         const policies::Mask<kCausal>& launch_mask,
                                         const policies::Sequences<kPacked>& sequences, int tokens,
-                                        const Scheduler<T, kCausal || kPacked>& scheduler) {
+                                        const Scheduler<T, kCausal, kPacked>& scheduler) {
   constexpr int kTileColumns = T::kTileColumns, kBlockN = T::kBlockN, kStages = T::kStages;
   constexpr int kSwizzleColumns = T::kSwizzleColumns;
   // Rows [kv_tile * kBlockN, ...) of K or V into the buffer of this use of the ring.
@@ -397,7 +398,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
                                       float* __restrict__ row_lse,
                                       const uint8_t* __restrict__ key_padding, int tokens,
                                       const policies::Mask<kCausal> launch_mask,
-                                      const Scheduler<T, kCausal || kPacked> scheduler, float scale_log2,
+                                      const Scheduler<T, kCausal, kPacked> scheduler, float scale_log2,
                                       const policies::Sequences<kPacked> sequences,
                                       const hopper::OutputRows<kPacked> output_rows) {
   constexpr int kTileColumns = T::kTileColumns, kBlockN = T::kBlockN, kStages = T::kStages;
@@ -594,13 +595,11 @@ void launch_for(const attn::AttentionArgs& args) {
         launch_mask, scheduler, scale_log2, sequences, output_rows);
   };
   if (args.sequences.packed()) {
-    // Packed sequences: a work tile per (sequence, head, 128 rows of the longest), O copied out
-    // row by row into [total, H, D] (its strides in bytes, as the maps have them). The walk goes
-    // bottom row tile first across every slice: a short sequence has no tiles there (the empty
-    // ones are skipped at once), so the long sequences' tiles, the most work, go out first and
-    // the short ones fill in behind them. Slice by slice instead, a block would keep one place
-    // in every slice (where the tiles per slice divide the blocks) and the blocks whose place
-    // lies in every short sequence would do all their work (chapter 21).
+    // Packed sequences: a work tile per (sequence, head, 128 rows), found from the prefix sums
+    // (PackedScheduler), O copied out row by row into [total, H, D] (its strides in bytes, as the
+    // maps have them). Walked over the longest sequence's row tiles instead, a block kept one
+    // row tile of every slice and the blocks whose row tile lay in every short sequence did all
+    // their work (chapter 21).
     if (args.key_padding_mask != nullptr) {
       throw std::invalid_argument("v8: packed sequences take no key-padding mask (each sequence's keys are its own)");
     }
@@ -612,7 +611,13 @@ void launch_for(const attn::AttentionArgs& args) {
                                                args.sequences.total_tokens, 0};
     const policies::Sequences<true> sequences{args.sequences.cu_seqlens_q, args.sequences.cu_seqlens_k,
                                               args.causal == attn::Causal::bottom_right};
-    const Scheduler<T, true> scheduler{{row_tiles, args.heads}, int(work_tiles), /*longest_first=*/true};
+    const int64_t packed_tiles =
+        int64_t(args.heads) * (args.sequences.total_tokens / T::kBlockM + args.batch);
+    if (packed_tiles > INT32_MAX) throw attn::CudaError("v8: more than 2^31 work tiles");
+    blocks = int(std::min<int64_t>(packed_tiles, sm_count));
+    if (args.max_persistent_blocks > 0) blocks = std::min(blocks, args.max_persistent_blocks);
+    const Scheduler<T, kCausal, true> scheduler{args.sequences.cu_seqlens_q, args.batch, args.heads,
+                                                int(packed_tiles)};
     attn::with_flags(
         [&](auto lse) {
           launch(warp_specialized_attention_kernel<T, decltype(lse)::value, Element, false, kCausal, true>,
