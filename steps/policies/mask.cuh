@@ -13,7 +13,7 @@
 // at the top left, as PyTorch's is_causal; N_k - N at the bottom right, as FlashAttention).
 // Rows and keys are counted from the start of the sequence, so what comes next fits the same
 // rule: a batch of sequences of different lengths gives each work tile its own sequence's
-// kv_tokens and diagonal; a block of keys that another GPU holds, starting at key `offset` of
+// kv_tokens and diagonal (policies/sequences.cuh); a block of keys that another GPU holds, starting at key `offset` of
 // the whole sequence, is the same mask with diagonal - offset.
 //
 // The key-padding mask is data, not geometry: it never removes a tile (any key may be padding),
