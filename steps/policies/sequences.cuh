@@ -41,9 +41,8 @@ struct Sequences<false> {
   }
 };
 
-// Packed sequences: the prefix sums say where each begins, and its length. The longest lengths
-// (tokens, kv_tokens, as the launch gives them) size the walk: a sequence shorter than the
-// longest leaves some of its row tiles empty, and the kernels skip them.
+// Packed sequences: the prefix sums say where each begins, and its length (the walk over them,
+// PackedScheduler, is policies/tile_scheduler.cuh's).
 template <>
 struct Sequences<true> {
   const int32_t* cu_seqlens_q;  // [B + 1] on the device

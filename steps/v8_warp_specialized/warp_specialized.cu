@@ -191,7 +191,7 @@ __device__ __forceinline__ void produce(SharedStorage<T, Element>& smem,
   for (int index = scheduler.first(); index < scheduler.work_tiles; index = scheduler.next(index)) {
     const WorkTile tile = scheduler.at(index);
     const SequenceSpan span = sequences.of(tile.batch, tokens, launch_mask.kv_tokens);
-    if (kPacked && tile.row0 >= span.tokens) continue;  // past a shorter sequence's end: no work
+    if (kPacked && tile.row0 >= span.tokens) continue;  // past its sequence's end (the walk's spare): no work
     const policies::Mask<kCausal> mask = sequences.mask(span, launch_mask);
     const int kv_tiles = kv_tiles_of<T, kCausal, kPacked>(mask, tile, whole_kv_tiles);
     // BEGIN EXERCISE: load the work tile's Q, then K and V of its K/V tiles, last tile first
@@ -448,7 +448,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   for (int index = scheduler.first(); index < scheduler.work_tiles; index = scheduler.next(index)) {
     const WorkTile tile = scheduler.at(index);
     const SequenceSpan span = sequences.of(tile.batch, tokens, launch_mask.kv_tokens);
-    if (kPacked && tile.row0 >= span.tokens) continue;  // past a shorter sequence's end: no work
+    if (kPacked && tile.row0 >= span.tokens) continue;  // past its sequence's end (the walk's spare): no work
     const policies::Mask<kCausal> mask = sequences.mask(span, launch_mask);
     const int my_row0 = tile.row0 + consumer * 64;
     const int kv_tiles = kv_tiles_of<T, kCausal, kPacked>(mask, tile, whole_kv_tiles);
