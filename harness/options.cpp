@@ -237,8 +237,8 @@ StepOptions parse_step_options(int argc, const char* const* argv) {
   if (random_lengths > 0) {
     if (options.shape.packed()) throw UsageError("--random-lengths and --lengths: give one, not both");
     // Image sides 224, 240, ..., 1024 px, each drawn from the seed: (side / 16)^2 + 1 tokens.
-    for (int64_t image = 0; image < random_lengths; ++image) {
-      const float u = std::fabs(normal_sample(options.seed, 7, uint64_t(image)));
+    for (int64_t drawn = 0; drawn < random_lengths; ++drawn) {
+      const float u = std::fabs(normal_sample(options.seed, 7, uint64_t(drawn)));
       const int64_t side = 16 * (14 + int64_t(u * 1e6) % 51);
       options.shape.lengths.push_back(vit_tokens(side, 16));
     }
