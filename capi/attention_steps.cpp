@@ -534,10 +534,22 @@ attn::Causal causal_of(int causal) {
                 "ATTN_CAUSAL_TOP_LEFT (1) or ATTN_CAUSAL_BOTTOM_RIGHT (2)"};
 }
 
-// Packed sequences ([total, H, D] tensors, attn_launch_args::cu_seqlens_q): the same checks as
-// launch_call's, on the packed tensors' sizes, strides and spans. The shape judged against the
-// step is the longest sequence's (its head dim, dtype, shared memory and masks).
-void launch_packed_call(const attn::StepInfo& step, const attn_launch_args& call) {
+// Packed sequences ([total, H, D] tensors, cu_seqlens_q): what a forward and a backward call
+// share. The shape judged against the step is the longest sequence's (its head dim, dtype,
+// shared memory and masks), with lengths that give the batch and the total (a step's workspace
+// depends on those alone; the library never reads the prefix sums, that would synchronise).
+struct PackedCall {
+  attn::Shape shape;
+  int64_t total, kv_total;
+  // The bytes a [rows, H, D] tensor with these strides spans.
+  std::size_t span(const attn::TensorStrides& strides, int64_t rows) const {
+    if (rows == 0) return 0;
+    return std::size_t((rows - 1) * strides.token + (shape.heads - 1) * strides.head + shape.head_dim) *
+           sizeof(__half);
+  }
+};
+template <typename Call>
+PackedCall packed_call(const attn::StepInfo& step, const Call& call) {
   if (!step.takes_packed_sequences) {
     throw Refused{step.id + " does not serve packed sequences (cu_seqlens_q; it takes no batch "
                   "of sequences of different lengths)"};
@@ -546,48 +558,60 @@ void launch_packed_call(const attn::StepInfo& step, const attn_launch_args& call
     throw Refused{"key_padding_mask with cu_seqlens_q: packed sequences take no key-padding mask "
                   "(each sequence's keys are its own)"};
   }
-  attn::Shape shape =
-      with_dtype(shape_of(call.batch, call.heads, call.tokens, call.head_dim), call.dtype);
+  PackedCall packed{with_dtype(shape_of(call.batch, call.heads, call.tokens, call.head_dim), call.dtype),
+                    call.total_tokens, call.total_kv_tokens != 0 ? call.total_kv_tokens : call.total_tokens};
+  attn::Shape& shape = packed.shape;
   if (call.kv_tokens != 0) shape.kv_tokens = keys_of(call.kv_tokens, call.batch, call.heads, call.head_dim);
   shape.causal = causal_of(call.causal);
-  const int64_t total = call.total_tokens, kv_total = call.total_kv_tokens != 0 ? call.total_kv_tokens : total;
-  for (const auto& [name, value] : {std::pair<const char*, int64_t>{"total_tokens", total},
-                                    {"total_kv_tokens", kv_total}}) {
+  for (const auto& [name, value] : {std::pair<const char*, int64_t>{"total_tokens", packed.total},
+                                    {"total_kv_tokens", packed.kv_total}}) {
     if (value < 0 || value > INT_MAX) {
       throw Refused{std::string(name) + " " + std::to_string(value) + ": it must lie in 0 .. " +
                     std::to_string(INT_MAX)};
     }
   }
-  if (total > 0 && kv_total == 0) {
+  if (packed.total > 0 && packed.kv_total == 0) {
     throw Refused{"total_kv_tokens 0 with queries: no sequence has a key to attend to"};
   }
+  if (call.cu_seqlens_k == nullptr && packed.kv_total != packed.total) {
+    throw Refused{"total_kv_tokens differs from total_tokens: give cu_seqlens_k too"};
+  }
+  check_scale(call.scale);
+  shape.lengths.assign(std::size_t(shape.batch), 0);
+  shape.lengths[0] = packed.total;
+  return packed;
+}
+// A packed tensor's strides: the token and head strides given, or (H D, D).
+attn::TensorStrides packed_strides_of(const char* name, const attn_strides& given, const attn::Shape& shape) {
+  const attn::TensorStrides strides{0, given.head != 0 ? given.head : shape.head_dim,
+                                    given.token != 0 ? given.token : shape.heads * shape.head_dim};
+  if (strides.head < shape.head_dim || strides.token < shape.head_dim || strides.head % 8 != 0 ||
+      strides.token % 8 != 0) {
+    throw Refused{std::string(name) + " strides {head " + std::to_string(strides.head) +
+                  ", token " + std::to_string(strides.token) +
+                  "}: each must be a multiple of 8 elements (16 bytes) and at least head_dim (" +
+                  std::to_string(shape.head_dim) + ")"};
+  }
+  return strides;
+}
+bool packed_contiguous(const attn::TensorStrides& strides, const attn::Shape& shape) {
+  return strides.head == shape.head_dim && strides.token == shape.heads * shape.head_dim;
+}
+
+// attn_launch with cu_seqlens_q: the same checks as launch_call's, on the packed tensors' sizes,
+// strides and spans.
+void launch_packed_call(const attn::StepInfo& step, const attn_launch_args& call) {
+  const PackedCall packed = packed_call(step, call);
+  const attn::Shape& shape = packed.shape;
+  const int64_t total = packed.total, kv_total = packed.kv_total;
   if (call.log_sum_exp != nullptr && !step.writes_log_sum_exp) {
     throw Refused{step.id + " does not write L (the log-sum-exp); steps that do have "
                   "writes_log_sum_exp in their info"};
   }
-  check_scale(call.scale);
-  // [total, H, D] tensors: the token and head strides given, or (H D, D).
-  auto packed_strides = [&](const char* name, const attn_strides& given) {
-    const attn::TensorStrides strides{0, given.head != 0 ? given.head : call.head_dim,
-                                      given.token != 0 ? given.token : call.heads * call.head_dim};
-    if (strides.head < call.head_dim || strides.token < call.head_dim || strides.head % 8 != 0 ||
-        strides.token % 8 != 0) {
-      throw Refused{std::string(name) + " strides {head " + std::to_string(strides.head) +
-                    ", token " + std::to_string(strides.token) +
-                    "}: each must be a multiple of 8 elements (16 bytes) and at least head_dim (" +
-                    std::to_string(call.head_dim) + ")"};
-    }
-    return strides;
-  };
-  const attn::TensorStrides qkv = packed_strides("qkv", call.qkv_strides);
-  const attn::TensorStrides o = packed_strides("o", call.o_strides);
-  const bool packed_contiguous = qkv.head == call.head_dim && qkv.token == call.heads * call.head_dim &&
-                                 o.head == qkv.head && o.token == qkv.token;
-  if (!packed_contiguous && !step.takes_strides) {
+  const attn::TensorStrides qkv = packed_strides_of("qkv", call.qkv_strides, shape);
+  const attn::TensorStrides o = packed_strides_of("o", call.o_strides, shape);
+  if (!(packed_contiguous(qkv, shape) && packed_contiguous(o, shape)) && !step.takes_strides) {
     throw Refused{step.id + " reads and writes contiguous [total, H, D] tensors only"};
-  }
-  if (call.cu_seqlens_k == nullptr && kv_total != total) {
-    throw Refused{"total_kv_tokens differs from total_tokens: give cu_seqlens_k too"};
   }
   const bool query_cuda = call.pointers_checked_by_caller == 0;
   const int device = device_for_launch(step, shape);
@@ -600,11 +624,8 @@ void launch_packed_call(const attn::StepInfo& step, const attn_launch_args& call
                                        {"cu_seqlens_k", call.cu_seqlens_k}}) {
     if (pointer != nullptr) check_pointer(name, pointer, device, query_cuda);
   }
-  auto span = [&](const attn::TensorStrides& strides, int64_t rows) {
-    return std::size_t((rows - 1) * strides.token + (call.heads - 1) * strides.head + call.head_dim) *
-           sizeof(__half);
-  };
-  const std::size_t q_bytes = span(qkv, total), kv_bytes = span(qkv, kv_total), o_bytes = span(o, total);
+  const std::size_t q_bytes = packed.span(qkv, total), kv_bytes = packed.span(qkv, kv_total),
+                    o_bytes = packed.span(o, total);
   for (const auto& [name, input, bytes] :
        {std::tuple<const char*, const void*, std::size_t>{"q", call.q, q_bytes}, {"k", call.k, kv_bytes},
         {"v", call.v, kv_bytes}}) {
@@ -690,6 +711,90 @@ void launch_call(const char* id, const attn_launch_args& call) {
                  });
 }
 
+// A backward call's tensors (name, pointer, the bytes it spans): each on the device, and no
+// gradient overlapping an input or another gradient.
+using Tensor = std::tuple<const char*, const void*, std::size_t>;
+void check_gradients_apart(const std::vector<Tensor>& inputs, std::initializer_list<Tensor> gradients,
+                           int device, bool query_cuda) {
+  const std::vector<Tensor> outputs(gradients);
+  for (const auto& [name, pointer, size] : inputs) check_pointer(name, pointer, device, query_cuda);
+  for (const auto& [name, pointer, size] : outputs) check_pointer(name, pointer, device, query_cuda);
+  for (std::size_t i = 0; i < outputs.size(); ++i) {
+    const auto& [output_name, output, output_bytes] = outputs[i];
+    for (const auto& [input_name, input, input_bytes] : inputs) {
+      if (overlaps(output, output_bytes, input, input_bytes)) {
+        throw Refused{std::string(output_name) + " overlaps " + input_name +
+                      ": the gradients must not share memory with an input"};
+      }
+    }
+    for (std::size_t j = 0; j < i; ++j) {
+      const auto& [other_name, other, other_bytes] = outputs[j];
+      if (overlaps(output, output_bytes, other, other_bytes)) {
+        throw Refused{std::string(output_name) + " overlaps " + other_name +
+                      ": each gradient needs memory of its own"};
+      }
+    }
+  }
+}
+
+// attn_launch_backward with cu_seqlens_q: the checks of launch_packed_call and of a backward
+// call, on [total, H, D] tensors. No query anywhere: dK = dV = 0; the step writes them.
+void launch_packed_backward_call(const attn::StepInfo& step, const attn_backward_args& call) {
+  const PackedCall packed = packed_call(step, call);
+  const attn::Shape& shape = packed.shape;
+  const attn::TensorStrides qkv = packed_strides_of("qkv", call.qkv_strides, shape),
+                            o = packed_strides_of("o", call.o_strides, shape),
+                            d_o = packed_strides_of("d_o", call.d_o_strides, shape);
+  if (!(packed_contiguous(qkv, shape) && packed_contiguous(o, shape) && packed_contiguous(d_o, shape)) &&
+      !step.takes_strides) {
+    throw Refused{step.id + " reads contiguous [total, H, D] tensors only"};
+  }
+  const int device = device_for_launch(step, shape);
+  if (packed.total == 0 && packed.kv_total == 0) return;  // every sequence empty: nothing to compute
+  const bool query_cuda = call.pointers_checked_by_caller == 0;
+  const attn::TensorStrides gradient{0, shape.head_dim, shape.heads * shape.head_dim};
+  const std::size_t rows_bytes = std::size_t(shape.heads * packed.total) * sizeof(float);
+  std::vector<Tensor> inputs = {{"k", call.k, packed.span(qkv, packed.kv_total)},
+                                {"v", call.v, packed.span(qkv, packed.kv_total)}};
+  if (packed.total > 0) {
+    inputs.insert(inputs.end(), {{"q", call.q, packed.span(qkv, packed.total)}, {"o", call.o, packed.span(o, packed.total)},
+                                 {"d_o", call.d_o, packed.span(d_o, packed.total)},
+                                 {"log_sum_exp", call.log_sum_exp, rows_bytes}});
+  }
+  const std::size_t dq_bytes = packed.span(gradient, packed.total), dk_bytes = packed.span(gradient, packed.kv_total);
+  if (packed.total > 0) {
+    check_gradients_apart(inputs, {{"dq", call.dq, dq_bytes}, {"dk", call.dk, dk_bytes}, {"dv", call.dv, dk_bytes}},
+                          device, query_cuda);
+  } else {
+    check_gradients_apart(inputs, {{"dk", call.dk, dk_bytes}, {"dv", call.dv, dk_bytes}}, device, query_cuda);
+  }
+  for (const auto& [name, pointer] : {std::pair<const char*, const void*>{"cu_seqlens_q", call.cu_seqlens_q},
+                                       {"cu_seqlens_k", call.cu_seqlens_k}}) {
+    if (pointer != nullptr) check_pointer(name, pointer, device, query_cuda);
+  }
+  attn::BackwardArgs args = attn::backward_args(
+      shape,
+      {static_cast<const __half*>(call.q), static_cast<const __half*>(call.k),
+       static_cast<const __half*>(call.v), static_cast<const __half*>(call.o),
+       static_cast<const __half*>(call.d_o), static_cast<const float*>(call.log_sum_exp),
+       static_cast<__half*>(call.dq), static_cast<__half*>(call.dk), static_cast<__half*>(call.dv)},
+      nullptr, static_cast<cudaStream_t>(call.stream), call.deterministic != 0, call.scale);
+  args.qkv_strides = {0, qkv.head, qkv.token};
+  args.o_strides = {0, o.head, o.token};
+  args.d_o_strides = {0, d_o.head, d_o.token};
+  args.sequences.cu_seqlens_q = static_cast<const int32_t*>(call.cu_seqlens_q);
+  args.sequences.cu_seqlens_k = static_cast<const int32_t*>(call.cu_seqlens_k != nullptr ? call.cu_seqlens_k
+                                                                                          : call.cu_seqlens_q);
+  args.sequences.total_tokens = int(packed.total);
+  args.sequences.total_kv_tokens = int(packed.kv_total);
+  with_workspace(step, shape, device, call.workspace, call.workspace_bytes, query_cuda, call.stream,
+                 {}, 0, [&](void* workspace) {
+                   args.workspace = workspace;
+                   step.launch_backward(args);
+                   CUDA_CHECK_LAUNCH();
+                 });
+}
+
 // attn_launch_backward. The checks of a forward launch, for eight tensors, L and the mask: N_k
 // and the key-padding mask are part of the problem as in launch_call (a step that takes neither
 // refuses them, naming --kv-tokens or --key-padding), K, V, dK and dV are sized by N_k, and the
@@ -699,6 +804,11 @@ void launch_backward_call(const char* id, const attn_backward_args& call) {
   const attn::StepInfo& step = step_named(id);
   if (!attn::is_backward(step.kind)) {
     throw Refused{step.id + " is a forward step; attn_launch_backward runs backward steps"};
+  }
+  if (call.cu_seqlens_q != nullptr) return launch_packed_backward_call(step, call);
+  if (call.cu_seqlens_k != nullptr || call.total_tokens != 0 || call.total_kv_tokens != 0) {
+    throw Refused{"cu_seqlens_k, total_tokens or total_kv_tokens without cu_seqlens_q: packed "
+                  "sequences need the query lengths' prefix sums"};
   }
   attn::Shape shape =
       with_dtype(shape_of(call.batch, call.heads, call.tokens, call.head_dim), call.dtype);
@@ -735,32 +845,14 @@ void launch_backward_call(const char* id, const attn_backward_args& call) {
   const std::size_t kv_input_bytes = strided_bytes(shape, qkv_strides, shape.keys());
   const std::size_t o_bytes = strided_bytes(shape, o_strides, shape.tokens);
   const std::size_t d_o_bytes = strided_bytes(shape, d_o_strides, shape.tokens);
-  using Tensor = std::tuple<const char*, const void*, std::size_t>;
   std::vector<Tensor> inputs = {{"q", call.q, q_bytes},       {"k", call.k, kv_input_bytes},
                                 {"v", call.v, kv_input_bytes}, {"o", call.o, o_bytes},
                                 {"d_o", call.d_o, d_o_bytes}, {"log_sum_exp", call.log_sum_exp, rows_bytes}};
   if (call.key_padding_mask != nullptr) {
     inputs.emplace_back("key_padding_mask", call.key_padding_mask, mask_bytes);
   }
-  const Tensor outputs[] = {{"dq", call.dq, bytes}, {"dk", call.dk, kv_bytes}, {"dv", call.dv, kv_bytes}};
-  for (const auto& [name, pointer, size] : inputs) check_pointer(name, pointer, device, query_cuda);
-  for (const auto& [name, pointer, size] : outputs) check_pointer(name, pointer, device, query_cuda);
-  for (std::size_t i = 0; i < std::size(outputs); ++i) {
-    const auto& [output_name, output, output_bytes] = outputs[i];
-    for (const auto& [input_name, input, input_bytes] : inputs) {
-      if (overlaps(output, output_bytes, input, input_bytes)) {
-        throw Refused{std::string(output_name) + " overlaps " + input_name +
-                      ": the gradients must not share memory with an input"};
-      }
-    }
-    for (std::size_t j = 0; j < i; ++j) {
-      const auto& [other_name, other, other_bytes] = outputs[j];
-      if (overlaps(output, output_bytes, other, other_bytes)) {
-        throw Refused{std::string(output_name) + " overlaps " + other_name +
-                      ": each gradient needs memory of its own"};
-      }
-    }
-  }
+  check_gradients_apart(inputs, {{"dq", call.dq, bytes}, {"dk", call.dk, kv_bytes}, {"dv", call.dv, kv_bytes}},
+                        device, query_cuda);
   attn::BackwardArgs args = attn::backward_args(
       shape,
       {static_cast<const __half*>(call.q), static_cast<const __half*>(call.k),

@@ -35,7 +35,7 @@ extern "C" {
 #endif
 
 /* Bumped when a signature or a struct below changes. */
-#define ATTN_ABI_VERSION 9
+#define ATTN_ABI_VERSION 10
 
 #define ATTN_OK 0
 #define ATTN_REFUSED 2
@@ -75,7 +75,8 @@ typedef struct attn_step_info {
   int takes_key_padding_mask;  /* 1 when it honours key_padding_mask (the forward's or the
                                   backward's) */
   int takes_causal;            /* 1 when it honours attn_launch_args::causal (or the backward's) */
-  int takes_packed_sequences;  /* 1 when it honours attn_launch_args::cu_seqlens_q (varlen) */
+  int takes_packed_sequences;  /* 1 when it honours attn_launch_args::cu_seqlens_q (varlen), or
+                                  for a backward step attn_backward_args::cu_seqlens_q */
 } attn_step_info;
 
 /* The strides, in elements, of a [B, H, N, D] view whose rows of D values are contiguous:
@@ -272,6 +273,16 @@ typedef struct attn_backward_args {
   int deterministic;  /* 1: no atomics, the same bits on every run (slower) */
   int dtype;          /* ATTN_DTYPE_FP16 (0) or ATTN_DTYPE_BF16, as in attn_launch_args */
   int causal;         /* the forward's causal mask, as in attn_launch_args */
+  /* Packed sequences (since ABI version 10), for a step whose info has takes_packed_sequences:
+   * the forward's cu_seqlens_q, cu_seqlens_k, total_tokens and total_kv_tokens, as in
+   * attn_launch_args. Then Q, O, dO and dQ are [total_tokens, H, D], K, V, dK and dV
+   * [total_kv_tokens, H, D] (dQ, dK and dV contiguous; the others may have token and head
+   * strides, the batch member unused), L [H, total_tokens]; batch, tokens and kv_tokens as there.
+   * Not with key_padding_mask. */
+  const void* cu_seqlens_q;
+  const void* cu_seqlens_k;
+  int64_t total_tokens;
+  int64_t total_kv_tokens;
 } attn_backward_args;
 
 /* Runs backward step `id`; refuses a forward step. Queued on the stream, like attn_launch. */

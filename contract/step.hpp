@@ -153,6 +153,11 @@ struct BackwardArgs {
   TensorStrides qkv_strides;  // shared by Q, K and V
   TensorStrides o_strides;
   TensorStrides d_o_strides;
+  // Packed sequences, as in AttentionArgs, for a step whose StepInfo says takes_packed_sequences:
+  // Q, O, dO and dQ are [total_tokens, H, D], K, V, dK and dV [total_kv_tokens, H, D] (dQ, dK
+  // and dV contiguous), L [H, total_tokens]; batch is the number of sequences, tokens and
+  // kv_tokens the longest lengths, and no key-padding mask is given.
+  PackedSequences sequences;
 };
 
 // Where a backward launch's tensors lie (contiguous [B, H, N, D], L [B, H, N]).
@@ -272,7 +277,7 @@ struct StepInfo {
   bool takes_kv_tokens = false;  // serves N_k != N (cross-attention: AttentionArgs::kv_tokens)
   bool takes_key_padding_mask = false;  // honours AttentionArgs::key_padding_mask
   bool takes_causal = false;  // honours AttentionArgs::causal (or BackwardArgs::causal), both alignments
-  bool takes_packed_sequences = false;  // honours AttentionArgs::sequences (varlen batches)
+  bool takes_packed_sequences = false;  // honours AttentionArgs::sequences (or BackwardArgs::sequences): varlen batches
   TileSizesFn tile_sizes = nullptr;  // nullptr: no tiles along N (one thread per output, v0)
   // A backward step with a deterministic mode (BackwardArgs::deterministic).
   bool has_deterministic_mode = false;

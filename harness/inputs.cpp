@@ -94,7 +94,12 @@ HostTensors make_key_mask_probe_inputs(const Shape& shape, uint64_t seed) {
 std::vector<__half> make_output_gradient(const Shape& shape, uint64_t seed) {
   std::vector<__half> d_o(std::size_t(shape.elements()));
   parallel_for(int64_t(d_o.size()), [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) d_o[i] = to_dtype(normal_sample(seed, 4, uint64_t(i)), shape.dtype);
+    for (int64_t i = begin; i < end; ++i) {
+      // Packed sequences: a row past its sequence's end is no output, and has no gradient.
+      const int64_t row = i / shape.head_dim % shape.tokens, slice = i / (shape.head_dim * shape.tokens);
+      const bool output = row < shape.length(slice / shape.heads);
+      d_o[i] = output ? to_dtype(normal_sample(seed, 4, uint64_t(i)), shape.dtype) : __float2half(0.0f);
+    }
   });
   return d_o;
 }

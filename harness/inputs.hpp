@@ -37,7 +37,8 @@ HostTensors make_key_mask_probe_inputs(const Shape& shape, uint64_t seed);
 // The same generator, for tests that need one value.
 float normal_sample(uint64_t seed, uint64_t stream, uint64_t index);
 
-// dO of the standard test inputs: standard normal, from its own stream of the seed.
+// dO of the standard test inputs: standard normal, from its own stream of the seed; for packed
+// sequences (held padded, [B, H, N, D]) 0 on the rows past each sequence's end.
 std::vector<__half> make_output_gradient(const Shape& shape, uint64_t seed);
 
 }  // namespace attn

@@ -189,13 +189,15 @@ std::size_t device_bytes_needed(const StepInfo& step, const Shape& shape, int bu
   const std::size_t padding_bytes =
       shape.key_padding || shape.packed() ? std::size_t(shape.batch * shape.keys()) : 0;
   if (is_backward(step.kind)) {  // one set: Q, O, dO, dQ of N rows a slice, K, V, dK, dV of N_k,
-                                 // L, the mask; the GPU reference's gradients and bounds
+                                 // L, the mask; the GPU reference's gradients and bounds (and,
+                                 // for packed sequences, its padded Q, K, V and dO)
     const std::size_t query_elements = std::size_t(shape.elements()),
                       key_elements = std::size_t(shape.kv_elements());
     return 4 * (query_elements + key_elements) * sizeof(__half) + rows * sizeof(float) +
            padding_bytes + step.workspace_for(shape) +
            (check_all_slices ? 2 * (query_elements + 2 * key_elements) * sizeof(float) +
-                                   gpu_backward_reference_scratch_bytes(shape)
+                                   gpu_backward_reference_scratch_bytes(shape) +
+                                   (shape.packed() ? 2 * (query_elements + key_elements) * sizeof(__half) : 0)
                              : 0);
   }
   // Packed sequences: the GPU reference reads Q, K and V padded, a copy of their own.
@@ -253,7 +255,6 @@ BackwardRunResult run_backward_step(const StepInfo& step, const HostTensors& inp
                                     const std::vector<__half>& d_o,
                                     const BackwardReference* reference, const RunConfig& config) {
   throw_if_gpu_hung();
-  if (inputs.shape.packed()) throw std::logic_error("no backward step takes packed sequences yet");
   const StepInfo* forward = find_step(step.forward_step);
   if (step.launch_backward == nullptr || forward == nullptr || forward->launch == nullptr ||
       !forward->writes_log_sum_exp) {
@@ -270,9 +271,10 @@ BackwardRunResult run_backward_step(const StepInfo& step, const HostTensors& inp
   }
   const bool check_all_slices = reference != nullptr && config.check_all_slices;
   ensure_fits(step, shape, check_all_slices);
-  // Q, O, dO and dQ have N rows a slice, K, V, dK and dV N_k (Shape::keys()).
-  const std::size_t count = std::size_t(shape.elements()), kv_count = std::size_t(shape.kv_elements());
-  const std::size_t rows = std::size_t(shape.slices() * shape.tokens);
+  // Q, O, dO and dQ have N rows a slice, K, V, dK and dV N_k (Shape::keys()); packed sequences
+  // [total, H, D] each, L [H, total] (step_elements).
+  const std::size_t count = step_elements(shape), kv_count = step_kv_elements(shape);
+  const std::size_t rows = std::size_t(shape.heads * (shape.packed() ? shape.total_tokens() : shape.batch * shape.tokens));
   DeviceBuffer<__half> q(count), k(kv_count), v(kv_count), o(count), d_o_buffer(count), dq(count),
       dk(kv_count), dv(kv_count);
   DeviceBuffer<float> log_sum_exp(rows);
@@ -281,15 +283,23 @@ BackwardRunResult run_backward_step(const StepInfo& step, const HostTensors& inp
   for (const auto& [device, host] : {std::pair<__half*, const std::vector<__half>*>{q.data(), &inputs.q},
                                      {k.data(), &inputs.k}, {v.data(), &inputs.v},
                                      {d_o_buffer.data(), &d_o}}) {
-    upload(device, *host, shape.dtype);
+    upload(device, shape.packed() ? pack(shape, *host, shape.head_dim) : *host, shape.dtype);
   }
-  // The key-padding mask (B * N_k bytes), which the forward and the backward both honour.
+  // The key-padding mask (B * N_k bytes), which the forward and the backward both honour. For
+  // packed sequences it marks the keys past each sequence's end, for the GPU reference, which
+  // reads the padded layout; the steps get the prefix sums of the lengths instead.
   DeviceBuffer<uint8_t> key_padding_mask(inputs.key_padding_mask.size());
   if (!inputs.key_padding_mask.empty()) {
     CUDA_CHECK(cudaMemcpy(key_padding_mask.data(), inputs.key_padding_mask.data(),
                           key_padding_mask.bytes(), cudaMemcpyHostToDevice));
   }
   const uint8_t* padding = inputs.key_padding_mask.empty() ? nullptr : key_padding_mask.data();
+  const uint8_t* step_padding = shape.packed() ? nullptr : padding;
+  const std::vector<int32_t> sums = shape.packed() ? prefix_sums(shape) : std::vector<int32_t>{};
+  DeviceBuffer<int32_t> cu_seqlens(sums.size());
+  if (!sums.empty()) {
+    CUDA_CHECK(cudaMemcpy(cu_seqlens.data(), sums.data(), cu_seqlens.bytes(), cudaMemcpyHostToDevice));
+  }
   CUDA_CHECK(cudaStreamSynchronize(cudaStreamLegacy));  // as in run_step
   const Stream owned_stream;
   const cudaStream_t stream = owned_stream.get();
@@ -297,7 +307,11 @@ BackwardRunResult run_backward_step(const StepInfo& step, const HostTensors& inp
   AttentionArgs forward_args = attention_args(shape, q.data(), k.data(), v.data(), o.data(),
                                               forward_workspace.data(), stream);
   forward_args.log_sum_exp = log_sum_exp.data();
-  forward_args.key_padding_mask = padding;
+  forward_args.key_padding_mask = step_padding;
+  if (shape.packed()) {  // the same sequences for queries and keys: self-attention
+    forward_args.sequences.cu_seqlens_q = forward_args.sequences.cu_seqlens_k = cu_seqlens.data();
+    forward_args.sequences.total_tokens = forward_args.sequences.total_kv_tokens = int(shape.total_tokens());
+  }
   if (forward->pipeline_report != nullptr) forward->pipeline_report();  // a clean record
   forward->launch(forward_args);
   CUDA_CHECK_LAUNCH();
@@ -306,7 +320,8 @@ BackwardRunResult run_backward_step(const StepInfo& step, const HostTensors& inp
       {q.data(), k.data(), v.data(), o.data(), d_o_buffer.data(), log_sum_exp.data(), dq.data(),
        dk.data(), dv.data()},
       workspace.data(), stream, config.deterministic, forward_args.scale);
-  args.key_padding_mask = padding;
+  args.key_padding_mask = step_padding;
+  args.sequences = forward_args.sequences;
   // NaN: an unwritten element fails (a padded key's dK and dV too: they must be written as 0).
   for (const auto& [gradient, elements] : {std::pair<__half*, std::size_t>{dq.data(), count},
                                            {dk.data(), kv_count}, {dv.data(), kv_count}}) {
@@ -324,6 +339,7 @@ BackwardRunResult run_backward_step(const StepInfo& step, const HostTensors& inp
     forward_workspace.abandon();
     workspace.abandon();
     key_padding_mask.abandon();
+    cu_seqlens.abandon();
   };
   synchronize_or_remember(stream, 2 * checked_run_limit_seconds(shape), abandon_buffers);
 
@@ -333,11 +349,29 @@ BackwardRunResult run_backward_step(const StepInfo& step, const HostTensors& inp
          {std::tuple<std::vector<__half>*, const __half*, std::size_t>{&result.dq, dq.data(), count},
           {&result.dk, dk.data(), kv_count}, {&result.dv, dv.data(), kv_count}}) {
       download(*host, device, elements, shape.dtype);
+      // Packed: back to the references' [B, H, N, D], 0 past each sequence's end, as the
+      // references have it there (a padded key's dK and dV, a padded row's dQ: its dO is 0).
+      if (shape.packed()) *host = unpack(shape, *host, shape.head_dim, __float2half(0.0f));
     }
     AllSliceGradients all;
     if (check_all_slices) {  // every element, against the GPU reference and its bounds
       // dQ, dK, dV, then their bounds: each as many elements as the gradient it goes with.
-      const std::size_t sizes[6] = {count, kv_count, kv_count, count, kv_count, kv_count};
+      const std::size_t padded_count = std::size_t(shape.elements()), padded_kv_count = std::size_t(shape.kv_elements());
+      const std::size_t sizes[6] = {padded_count, padded_kv_count, padded_kv_count,
+                                    padded_count, padded_kv_count, padded_kv_count};
+      // Packed sequences: the reference reads Q, K, V and dO padded, a copy of their own.
+      DeviceBuffer<__half> padded[4] = {DeviceBuffer<__half>(shape.packed() ? padded_count : 0),
+                                        DeviceBuffer<__half>(shape.packed() ? padded_kv_count : 0),
+                                        DeviceBuffer<__half>(shape.packed() ? padded_kv_count : 0),
+                                        DeviceBuffer<__half>(shape.packed() ? padded_count : 0)};
+      const std::vector<__half>* padded_hosts[4] = {&inputs.q, &inputs.k, &inputs.v, &d_o};
+      if (shape.packed()) {
+        for (int i = 0; i < 4; ++i) upload(padded[i].data(), *padded_hosts[i], shape.dtype);
+        CUDA_CHECK(cudaStreamSynchronize(cudaStreamLegacy));  // as in run_step
+      }
+      auto reference_input = [&](int i, const DeviceBuffer<__half>& step_input) {
+        return shape.packed() ? padded[i].data() : step_input.data();
+      };
       DeviceBuffer<float> all_gradients[6] = {
           DeviceBuffer<float>(sizes[0]), DeviceBuffer<float>(sizes[1]), DeviceBuffer<float>(sizes[2]),
           DeviceBuffer<float>(sizes[3]), DeviceBuffer<float>(sizes[4]), DeviceBuffer<float>(sizes[5])};
@@ -345,11 +379,13 @@ BackwardRunResult run_backward_step(const StepInfo& step, const HostTensors& inp
       GpuGradients out;
       float** outputs[6] = {&out.dq, &out.dk, &out.dv, &out.dq_bound, &out.dk_bound, &out.dv_bound};
       for (int i = 0; i < 6; ++i) *outputs[i] = all_gradients[i].data();
-      launch_gpu_backward_reference(q.data(), k.data(), v.data(), d_o_buffer.data(), padding, out,
-                                    row_stats.data(), shape, args.scale, stream);
+      launch_gpu_backward_reference(reference_input(0, q), reference_input(1, k), reference_input(2, v),
+                                    reference_input(3, d_o_buffer), padding, out, row_stats.data(),
+                                    shape, args.scale, stream);
       synchronize_or_remember(stream, 2 * checked_run_limit_seconds(shape), [&] {
         abandon_buffers();
         for (DeviceBuffer<float>& buffer : all_gradients) buffer.abandon();
+        for (DeviceBuffer<__half>& buffer : padded) buffer.abandon();
         row_stats.abandon();
       });
       std::vector<float>* hosts[6] = {&all.dq, &all.dk, &all.dv, &all.dq_bound, &all.dk_bound, &all.dv_bound};

@@ -122,8 +122,9 @@ BackwardReference compute_backward_reference(const HostTensors& inputs,
   parallel_for(int64_t(slices.size()), [&](int64_t begin, int64_t end) {
     for (int64_t which = begin; which < end; ++which) {
       const int64_t slice = slices[which], batch = slice / shape.heads;
+      // The key-padding mask, or for packed sequences the keys past each one's end (inputs.hpp).
       const uint8_t* padding =
-          shape.key_padding ? inputs.key_padding_mask.data() + batch * n_k : nullptr;
+          inputs.key_padding_mask.empty() ? nullptr : inputs.key_padding_mask.data() + batch * n_k;
       reference.gradients[which] = attention_backward(
           as_doubles(inputs.q, slice * n * d, n * d), as_doubles(inputs.k, slice * n_k * d, n_k * d),
           as_doubles(inputs.v, slice * n_k * d, n_k * d), as_doubles(d_o, slice * n * d, n * d),

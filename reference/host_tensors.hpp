@@ -19,7 +19,8 @@ namespace attn {
 struct HostTensors {
   Shape shape;
   std::vector<__half> q, k, v;  // Q [B, H, N, D]; K and V [B, H, N_k, D]
-  // [B, N_k], 1 where a key is padding (it gets no weight), with Shape::key_padding; else empty.
+  // [B, N_k], 1 where a key is padding (it gets no weight), with Shape::key_padding, or past its
+  // sequence's end for packed sequences (Shape::lengths); else empty.
   // Drawn as a DETR batch pads its images: the keys are a grid of ceil(sqrt(N_k)) columns, and
   // batch element b keeps a top-left block of it, smaller for some b, so the valid keys are not a
   // prefix. Every batch element keeps key 0.

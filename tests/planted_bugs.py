@@ -73,7 +73,7 @@ DETERMINISTIC_TEST = "deterministic mode*"  # tests/test_backward_gpu.cpp: tails
 KEY_PADDING_TEST = "*padding*"  # tests/test_backward_gpu.cpp: every backward case with key padding
 CROSS_TEST = "cross-attention*"  # tests/test_backward_gpu.cpp: N_q and N_k apart, their tails
 DETERMINISTIC_CROSS_TEST = "deterministic mode on cross*"  # whole Q tiles that see no key
-PACKED_TEST = "packed sequences*"  # tests/test_steps_gpu.cpp: sequences of many lengths, packed
+PACKED_TEST = "packed sequences*"  # sequences of many lengths, packed (forward and backward suites)
 BUGS = [
     # The arithmetic of the online softmax: the result check catches these.
     Bug("v6nomask", V6, "keys past N keep their scores", [("if (tile_keys < kBlockN) {", "if (false) {", 1)]),
@@ -282,6 +282,11 @@ BUGS = [
     Bug("v8packedrowsunbounded", V8, "a packed sequence's O rows copied past its end, over the next sequence's",
         [("if (first_row + row >= tokens) break;", "if (first_row + row >= T::kBlockM) break;", 1,
           "hopper/epilogue.cuh")], target=PACKED_TEST),
+    Bug("v10packedrowsseen", V10, "rows past a packed sequence's end (the next sequence's, which a Q tile's copy brings in) keep L = 0: their P reaches dK and dV",
+        [("      lse_log2[padded_row] = INFINITY;\n", "      lse_log2[padded_row] = 0.0f;\n", 1)], target=PACKED_TEST),
+    Bug("v10packedlongestkeys", V10, "every packed sequence's keys counted to the longest's, into the next sequence's",
+        [("const policies::Mask<kCausal> mask = sequences.mask(span, launch_mask);",
+          "const policies::Mask<kCausal> mask = launch_mask;", 1)], target=PACKED_TEST),
     Bug("v8lasttilemod", V8, "the last K/V tile's keys counted as N_k % tile (0 when N_k fills its tiles exactly)",
         [("const int last_tile_keys = kv_tokens - (kv_tiles - 1) * kBlockN;",
           "const int last_tile_keys = kv_tokens % kBlockN;", 1)], target=TILE_MULTIPLES_TEST),

@@ -4,8 +4,8 @@
 // of all, dQ, dK, dV poisoned with NaN first so that an unwritten element fails. The shape matrix
 // (tails, N = 1, several B and H, every head dim), the ViT shapes, a long sequence, the stress
 // case, the deterministic mode (checked, and the same bits run to run), the causal mask,
-// cross-attention (N_k != N) and the key-padding mask where the step takes them (the gradients
-// the masks make 0 checked to be exactly 0), and refusals.
+// cross-attention (N_k != N), the key-padding mask and packed sequences of different lengths where
+// the step takes them (the gradients the masks make 0 checked to be exactly 0), and refusals.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -505,6 +505,56 @@ TEST_SUITE("backward") {
           CHECK(same_bits(first.dk, second.dk));
           CHECK(same_bits(first.dv, second.dv));
         }
+      }
+    }
+  }
+
+  TEST_CASE("packed sequences, where the step takes them: lengths 1, tile +- 1, long and short, causal, bf16, deterministic") {
+    const attn::StepInfo& step = step_under_test();
+    auto packed_shape = [](std::vector<int64_t> lengths, int64_t head_dim,
+                           attn::Causal causal = attn::Causal::none, attn::DType dtype = attn::DType::fp16) {
+      Shape shape{int64_t(lengths.size()), 3, *std::max_element(lengths.begin(), lengths.end()), head_dim, dtype};
+      shape.lengths = std::move(lengths);
+      shape.causal = causal;
+      return shape;
+    };
+    if (!step.takes_packed_sequences) {
+      expect_refusal(packed_shape({17, 65}, 64), "--lengths");
+      return;
+    }
+    for (int head_dim : step.head_dims) {
+      // Every length around every tile (a sequence ending one row short of, at, and past a Q
+      // tile or a K/V tile), between sequences of one token, whose Q tiles' TMA copies bring in
+      // the next sequence's rows; empty sequences among them.
+      std::vector<int64_t> around = {1};
+      for (int64_t tokens : sizes_around(all_tiles(step.tiles(head_dim)))) {
+        if (tokens <= 300) around.insert(around.end(), {tokens, 1});
+      }
+      const std::vector<std::vector<int64_t>> mixes = {
+          around, {197, 577, 50}, {1025, 1, 2, 17, 65, 3}, {0, 5, 0, 130, 0}, {1}};
+      for (const std::vector<int64_t>& lengths : mixes) {
+        for (attn::Causal causal : {attn::Causal::none, attn::Causal::top_left}) {
+          const Shape shape = packed_shape(lengths, head_dim, causal);
+          CAPTURE(shape.str());
+          REQUIRE(serves(shape));
+          require_pass(check_backward(shape, shape.tokens > 600 ? CheckMode::sample : CheckMode::full));
+        }
+      }
+      // Large scores; bf16; the deterministic mode, the same bits run to run.
+      const Shape walk = packed_shape({577, 1, 197, 1025, 64, 129}, head_dim);
+      CAPTURE(walk.str());
+      require_pass(check_backward(walk, CheckMode::sample, attn::kLargeScoreScale));
+      for (attn::Causal causal : {attn::Causal::none, attn::Causal::top_left}) {
+        const Shape shape = packed_shape({197, 65, 1, 300}, head_dim, causal, attn::DType::bf16);
+        CAPTURE(shape.str());
+        require_pass(check_backward(shape, CheckMode::full));
+        if (!step.has_deterministic_mode) continue;
+        const attn::BackwardRunResult first = run_backward(shape, CheckMode::full, 1.0, true);
+        require_pass(first.check);
+        const attn::BackwardRunResult second = run_backward(shape, CheckMode::full, 1.0, true);
+        CHECK(same_bits(first.dq, second.dq));
+        CHECK(same_bits(first.dk, second.dk));
+        CHECK(same_bits(first.dv, second.dv));
       }
     }
   }

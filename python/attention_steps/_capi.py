@@ -24,7 +24,7 @@ from typing import Optional, Sequence, Tuple
 
 LIBRARY_NAME = "libattention_steps.so"
 ENVIRONMENT_VARIABLE = "ATTENTION_STEPS_LIBRARY"
-ABI_VERSION = 9          # capi/attention_steps.h: ATTN_ABI_VERSION
+ABI_VERSION = 10         # capi/attention_steps.h: ATTN_ABI_VERSION
 OK, REFUSED, CUDA_ERROR = 0, 2, 3
 MAX_HEAD_DIMS = 8        # ATTN_MAX_HEAD_DIMS
 MESSAGE_BYTES = 1024

@@ -21,16 +21,21 @@ chooses for them:
                        Tensor? key_padding_mask=None) -> (Tensor, Tensor, Tensor)
 
 returns dQ shaped like q and dK, dV shaped like k and v (contiguous); and packed sequences of
-different lengths (attention_steps.varlen), forward only so far:
+different lengths (attention_steps.varlen):
 
     varlen_attention(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k,
                      int max_seqlen_q, int max_seqlen_k, str step, str? causal=None,
                      float? scale=None, bool return_log_sum_exp=False) -> (Tensor, Tensor)
+    varlen_attention_backward(Tensor d_o, Tensor q, Tensor k, Tensor v, Tensor o,
+                              Tensor log_sum_exp, Tensor cu_seqlens_q, Tensor cu_seqlens_k,
+                              int max_seqlen_q, int max_seqlen_k, str step, str? causal=None,
+                              float? scale=None, bool deterministic=False) -> (Tensor, Tensor, Tensor)
 
-returns O [total_q, H, D] and L [H, total_q]. This module loads them and registers their fake
-implementations: the shapes and strides of the outputs from the shapes of
-the inputs alone, so torch.compile traces the operators without running them (also with dynamic
-shapes), and without a graph break.
+return O [total_q, H, D] and L [H, total_q], and dQ, dK, dV like q, k, v. This module loads them,
+registers their fake implementations (the shapes and strides of the outputs from the shapes of
+the inputs alone, so torch.compile traces the operators without running them, also with dynamic
+shapes, and without a graph break) and varlen_attention's autograd (its backward runs
+varlen_attention_backward with the backward step that takes packed sequences).
 """
 import functools
 
@@ -77,6 +82,37 @@ def _fake_varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     return q.new_empty(q.shape), q.new_empty(rows, dtype=torch.float32)
 
 
+def _fake_varlen_attention_backward(d_o, q, k, v, o, log_sum_exp, cu_seqlens_q, cu_seqlens_k,
+                                    max_seqlen_q, max_seqlen_k, step, causal=None, scale=None,
+                                    deterministic=False):
+    # dQ like q, dK and dV like k and v, contiguous [total, H, D].
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+def _varlen_setup_context(ctx, inputs, output):
+    # What varlen_attention's backward needs: the inputs, O and L, the lengths and the options.
+    q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, _, causal, scale, _ = inputs
+    o, log_sum_exp = output
+    ctx.save_for_backward(q, k, v, o, log_sum_exp, cu_seqlens_q, cu_seqlens_k)
+    ctx.lengths = (max_seqlen_q, max_seqlen_k)
+    ctx.causal, ctx.scale = causal, scale
+    ctx.mark_non_differentiable(log_sum_exp)
+
+
+def _varlen_backward(ctx, grad_o, _grad_log_sum_exp):
+    # The backward step that takes packed sequences at this head dim (v10), on what the forward kept.
+    from .varlen import packed_step  # varlen imports this module
+    q, k, v, o, log_sum_exp, cu_seqlens_q, cu_seqlens_k = ctx.saved_tensors
+    if log_sum_exp.numel() != q.shape[0] * q.shape[1]:
+        raise NotImplementedError("attention_steps: the forward kept no L; call varlen_attention "
+                                  "with return_log_sum_exp=True (attention_steps.varlen_attention does)")
+    dq, dk, dv = torch.ops.attention_steps.varlen_attention_backward(
+        grad_o, q, k, v, o, log_sum_exp, cu_seqlens_q, cu_seqlens_k, *ctx.lengths,
+        packed_step(q.shape[-1], backward=True), ctx.causal, ctx.scale,
+        torch.are_deterministic_algorithms_enabled())
+    return dq, dk, dv, None, None, None, None, None, None, None, None
+
+
 def _fake_attention_backward(d_o, q, k, v, o, log_sum_exp, step, scale=None,
                              deterministic=False, causal=None, key_padding_mask=None):
     # dQ like q, dK and dV like k and v ([B, H, N_k, D] in cross-attention), all contiguous.
@@ -99,6 +135,9 @@ def load():
     torch.library.register_fake("attention_steps::attention")(_fake_attention)
     torch.library.register_fake("attention_steps::attention_backward")(_fake_attention_backward)
     torch.library.register_fake("attention_steps::varlen_attention")(_fake_varlen_attention)
+    torch.library.register_fake("attention_steps::varlen_attention_backward")(_fake_varlen_attention_backward)
+    torch.library.register_autograd("attention_steps::varlen_attention", _varlen_backward,
+                                    setup_context=_varlen_setup_context)
     return torch.ops.attention_steps.attention
 
 

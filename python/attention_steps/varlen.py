@@ -17,7 +17,9 @@ decreasing, ending at the token counts, no length past its maximum): that reads 
 host, one small copy that waits for the GPU. check_lengths=False skips it, for callers that build
 them correctly and must not synchronise (CUDA graphs).
 
-No backward step takes packed sequences yet: inputs that require grad raise NotImplementedError.
+Gradients flow through it: where q, k or v require grad, autograd runs the backward step that
+takes packed sequences (v10, on Hopper) on O and L as the forward left them, in its deterministic
+mode under torch.use_deterministic_algorithms(True).
 """
 import torch
 
@@ -57,15 +59,16 @@ def _check_prefix_sums(name, sums, device, total, longest):
                          f"longer than its max_seqlen ({longest})")
 
 
-def packed_step(head_dim, library=None):
-    """The highest-numbered forward step that takes packed sequences at `head_dim` (v8); ValueError
-    naming those that do where none serves it."""
+def packed_step(head_dim, backward=False, library=None):
+    """The highest-numbered forward step that takes packed sequences at `head_dim` (v8), or with
+    backward=True the backward step (v10); ValueError naming those that do where none serves it."""
     steps = [info for info in (library or load_library()).steps()
-             if info.takes_packed_sequences and not info.is_backward and not info.is_baseline]
+             if info.takes_packed_sequences and bool(info.is_backward) == backward and not info.is_baseline]
     serving = [info.id for info in steps if head_dim in info.head_dims]
     if not serving:
         offered = ", ".join(f"{info.id} (head dims {', '.join(map(str, info.head_dims))})" for info in steps)
-        raise ValueError(f"attention_steps: no step takes packed sequences at head dim {head_dim}; "
+        kind = "backward step" if backward else "step"
+        raise ValueError(f"attention_steps: no {kind} takes packed sequences at head dim {head_dim}; "
                          f"those that take them: {offered or 'none in this build'}")
     return serving[-1]
 
@@ -87,10 +90,6 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
         if cu_seqlens_q.numel() != cu_seqlens_k.numel():
             raise ValueError("attention_steps: cu_seqlens_q and cu_seqlens_k must count the same "
                              f"sequences; they hold {cu_seqlens_q.numel()} and {cu_seqlens_k.numel()} entries")
-    if torch_op.needs_grad((q, k, v)):
-        raise NotImplementedError("attention_steps: no backward step takes packed sequences yet; "
-                                  "call varlen_attention under torch.no_grad(), or pad the batch "
-                                  "and use attention() with a key-padding mask")
     alignment = _causal_alignments[causal]
     if step is None:
         step = packed_step(q.shape[-1])

@@ -28,8 +28,10 @@
 // Keys the key-padding mask pads are treated as keys past N_k are: their dS is zeroed as it is
 // packed, and their dK and dV are written as zeros; a row that sees no key (L = -inf) gets P = 0.
 // Serves head dims 32, 64, 80, 96 and 128 (80 and 96 in the tiles of 128, zeros past D), fp16
-// or bf16, N_k != N (cross-attention), and Q, K, V, O and dO as views (BackwardArgs' strides:
-// TMA's maps and the first kernel read them where they lie), on Hopper (sm_90a); chapter 17.
+// or bf16, N_k != N (cross-attention), Q, K, V, O and dO as views (BackwardArgs' strides:
+// TMA's maps and the first kernel read them where they lie), and sequences of different lengths
+// packed one after another (kPacked: a block's K/V tile and the Q tiles it walks are those of one
+// sequence, policies/sequences.cuh; chapter 21), on Hopper (sm_90a); chapter 17.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -44,6 +46,7 @@
 #include "element_type.hpp"
 #include "hopper/hopper.cuh"
 #include "policies/mask.cuh"
+#include "policies/sequences.cuh"
 #include "policies/tile_scheduler.cuh"
 #include "step.hpp"
 
@@ -138,9 +141,8 @@ constexpr uint32_t kConsumerThreads = 128 * T::kConsumers;
 // warp 512 contiguous bytes, with no bank conflicts, and the share is one contiguous bulk
 // reduce-add. dq_convert_kernel puts the values back in place (dq_place says where).
 template <typename T>
-__host__ __device__ constexpr int64_t dq_sum_offset(int64_t slice, int row_tiles, int row_tile,
-                                                    int consumer) {
-  return ((slice * row_tiles + row_tile) * T::kConsumers + consumer) * (64 * T::kDqColumns);
+__host__ __device__ constexpr int64_t dq_sum_offset(int64_t q_tile, int consumer) {
+  return (q_tile * T::kConsumers + consumer) * (64 * T::kDqColumns);
 }
 // Whether 4-float piece `piece` of the sum (counted from its start) holds columns below D. Where
 // the tile pads D (80 and 96 in 128 columns), the others are padding that nothing reads: the
@@ -152,6 +154,48 @@ __host__ __device__ constexpr bool holds_head_dim(int64_t piece) {
   const int consumer = int(piece / kSharePieces % T::kConsumers);
   return T::dq_column0(consumer) + 8 * int(piece % kSharePieces / 128) < T::kHeadDim;
 }
+// The workspace's Q tiles (the dQ sum, L log2(e) and D of kBlockM rows each), numbered: for
+// sequences of one length, the row tiles of slice after slice; for packed sequences, one row of
+// `tiles_per_slice` tiles per head, sequence s's from PackedScheduler's start(s) on (a sequence
+// gets as many as its rows need, or one spare, which stays unused). first() numbers a sequence's
+// tile 0, locate() finds the (sequence, head, tile) of a number.
+template <int kBlockM, bool kPacked>
+struct QTiles {
+  int tiles_per_slice;  // row tiles of a slice, or per head of all packed sequences
+  int heads;
+  policies::PackedScheduler<kBlockM> packed;  // over cu_seqlens_q, one head: kPacked only
+
+  __device__ __forceinline__ int64_t first(int sequence, int head) const {
+    if constexpr (kPacked) return int64_t(head) * tiles_per_slice + packed.start(sequence);
+    return (int64_t(sequence) * heads + head) * tiles_per_slice;
+  }
+  // slice, head, batch (the sequence) and tile of tile `number`; tile * kBlockM may be past a
+  // packed sequence's end (its spare).
+  __device__ __forceinline__ policies::WorkTile locate(int64_t number) const {
+    const int slice = int(number / tiles_per_slice), tile = int(number % tiles_per_slice);
+    if constexpr (kPacked) {
+      const policies::WorkTile at = packed.at(tile);  // slice = head here
+      return {at.batch * heads + slice, slice, at.batch, at.tile, at.row0};
+    }
+    return {slice, slice % heads, slice / heads, tile, tile * kBlockM};
+  }
+};
+
+// One (sequence, head)'s rows of a contiguous gradient: [B, H, rows, D] (row stride D) or, packed,
+// [total, H, D] (row stride H D).
+template <typename Element>
+struct GradientRows {
+  Element* first;  // row 0
+  int64_t stride;  // elements from one row to the next
+  __device__ __forceinline__ Element* row(int r) const { return first + int64_t(r) * stride; }
+};
+template <bool kPacked, int kHeadDim, typename Element>
+__device__ __forceinline__ GradientRows<Element> gradient_rows(Element* tensor, int sequence, int head,
+                                                               int heads, int start, int rows) {
+  if constexpr (kPacked) return {tensor + (int64_t(start) * heads + head) * kHeadDim, int64_t(heads) * kHeadDim};
+  return {tensor + (int64_t(sequence) * heads + head) * rows * kHeadDim, kHeadDim};
+}
+
 // Where chunk j of thread t's share lies in dQ: 8-column block j of rows `row` and row + 8,
 // columns `column` and + 1 (ptx.cuh's accumulator layout).
 struct DqPlace {
@@ -162,18 +206,18 @@ __host__ __device__ constexpr DqPlace dq_place(int row_tile, int consumer, int t
   return {row_tile * T::kBlockM + T::dq_row0(consumer) + 16 * (thread / 32) + (thread % 32) / 4,
           T::dq_column0(consumer) + 8 * j + 2 * (thread % 4)};
 }
-// dQ = scale x a complete sum: a chunk's four values to their place in the slice's dQ, rows past
-// N and the padding columns past D dropped.
+// dQ = scale x a complete sum: a chunk's four values to their place in a sequence's dQ, rows
+// past its `tokens` and the padding columns past D dropped.
 template <typename T, typename Element>
-__device__ __forceinline__ void write_dq_chunk(Element* __restrict__ slice_dq, DqPlace place,
+__device__ __forceinline__ void write_dq_chunk(const GradientRows<Element>& dq_rows, DqPlace place,
                                                float4 value, int tokens, float scale) {
   if (T::kTileColumns != T::kHeadDim && place.column >= T::kHeadDim) return;
-  Element* at = slice_dq + int64_t(place.row) * T::kHeadDim + place.column;
   if (place.row < tokens) {
-    *reinterpret_cast<uint32_t*>(at) = fragment_math::pack_pair<Element>(value.x * scale, value.y * scale);
+    *reinterpret_cast<uint32_t*>(dq_rows.row(place.row) + place.column) =
+        fragment_math::pack_pair<Element>(value.x * scale, value.y * scale);
   }
   if (place.row + 8 < tokens) {
-    *reinterpret_cast<uint32_t*>(at + 8 * T::kHeadDim) =
+    *reinterpret_cast<uint32_t*>(dq_rows.row(place.row + 8) + place.column) =
         fragment_math::pack_pair<Element>(value.z * scale, value.w * scale);
   }
 }
@@ -184,36 +228,43 @@ __device__ __forceinline__ void write_dq_chunk(Element* __restrict__ slice_dq, D
 // rounded up to a power of two (8 at D = 64, 16 at D = 80, 96 and 128, the lanes past D idle):
 // each lane reads 8 elements of O and of dO, 16 bytes each, so every lane of a warp
 // has a load in flight whatever D is (a warp per row left three lanes in four idle at D = 64,
-// and the kernel ran at a quarter to three fifths of the memory bandwidth). Rows past N get 0 (a
-// zero-filled Q row then has P = 1 and dP = 0, so dS = 0 and adds nothing); the padding makes
-// every Q tile's values one aligned 256-byte bulk copy. A row that sees no key (every key
-// padded, or above a bottom-right diagonal) has L = -inf and O = 0: it gets L log2(e) = +inf, so
-// its P = exp2(S^T scale log2(e) - inf) = 0 and D = 0, and it adds nothing anywhere. The same
-// lanes zero as much of the dQ sum as the row has tile columns (the sum is laid out by threads,
-// not rows, but it is as large), but for the pieces of padding columns (holds_head_dim); the
-// main kernel adds into it: one pass over memory instead of a memset of its own before this one; and
-// dQ itself for the first `unseen_rows` rows of each slice, which no block visits (rows i with
-// i + diagonal < 0: no other pass writes them in the deterministic mode).
-template <typename T, typename Element>
+// and the kernel ran at a quarter to three fifths of the memory bandwidth). A row past its
+// sequence's end (past N, or into the next packed sequence, whose rows a packed Q tile's TMA
+// copy brings in with its own) gets L log2(e) = +inf and D = 0, as does a row that sees no key
+// (every key padded, or above a bottom-right diagonal: L = -inf, O = 0): its P =
+// exp2(S^T scale log2(e) - inf) = 0, so dS = 0, and it adds nothing anywhere. The padding makes
+// every Q tile's values one aligned 256-byte bulk copy. The same lanes zero as much of the dQ
+// sum as the row has tile columns (the sum is laid out by threads, not rows, but it is as
+// large), but for the pieces of padding columns (holds_head_dim); the main kernel adds into it:
+// one pass over memory instead of a memset of its own before this one; and they write dQ = 0
+// for the rows of a sequence that no block visits (rows i with i + diagonal < 0, or every row
+// of a sequence without keys: no other pass writes them in the deterministic mode).
+// lse_rows: L's rows per (sequence, head) slice, N ([B, H, N]), or all of them when packed ([H, total]).
+template <typename T, typename Element, bool kPacked>
 __global__ void row_vectors_kernel(const Element* __restrict__ o, const Element* __restrict__ d_o,
                                    attn::TensorStrides o_strides, attn::TensorStrides d_o_strides,
-                                   int heads, const float* __restrict__ log_sum_exp,
-                                   float* __restrict__ lse_log2, float* __restrict__ row_dot,
-                                   float* __restrict__ dq_sum, Element* __restrict__ dq,
-                                   int64_t padded_rows, int tokens, int row_tiles, int unseen_rows) {
+                                   const float* __restrict__ log_sum_exp, float* __restrict__ lse_log2,
+                                   float* __restrict__ row_dot, float* __restrict__ dq_sum,
+                                   Element* __restrict__ dq, int64_t padded_rows,
+                                   const QTiles<T::kBlockM, kPacked> q_tiles,
+                                   const policies::Sequences<kPacked> sequences,
+                                   const policies::Mask<true> launch_mask, bool causal, int tokens,
+                                   int lse_rows) {
   constexpr int kBlockM = T::kBlockM, kHeadDim = T::kHeadDim, kTileColumns = T::kTileColumns;
   constexpr int kLanesPerRow = T::kRowVectorLanes;
   const int64_t padded_row = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / kLanesPerRow;
   const int column = threadIdx.x % kLanesPerRow * 8;
   const bool in_workspace = padded_row < padded_rows;
-  const int64_t slice = padded_row / (int64_t(row_tiles) * kBlockM);
-  const int token = int(padded_row % (int64_t(row_tiles) * kBlockM));
-  const bool in_tensor = in_workspace && token < tokens;
+  const policies::WorkTile tile = q_tiles.locate(in_workspace ? padded_row / kBlockM : 0);
+  const policies::SequenceSpan span = sequences.of(tile.batch, tokens, launch_mask.kv_tokens);
+  const int token = tile.row0 + int(padded_row % kBlockM);  // of its sequence
+  const bool in_tensor = in_workspace && token < span.tokens;
+  const int64_t row = span.q_start + token;  // in the tensors' row coordinate
   float sum = 0.0f;
   if (in_tensor && column < kHeadDim) {
     // O and dO where they lie: the forward's view of O, dO as autograd hands it over.
     auto at = [&](const attn::TensorStrides& strides) {
-      return (slice / heads) * strides.batch + (slice % heads) * strides.head + token * strides.token + column;
+      return span.batch * strides.batch + tile.head * strides.head + row * strides.token + column;
     };
     const uint4 o_chunk = *reinterpret_cast<const uint4*>(o + at(o_strides));
     const uint4 d_o_chunk = *reinterpret_cast<const uint4*>(d_o + at(d_o_strides));
@@ -237,12 +288,23 @@ __global__ void row_vectors_kernel(const Element* __restrict__ o, const Element*
       if (holds_head_dim<T>(piece + k)) zeros[k] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
   }
+  if (!in_tensor) {
+    if (column == 0) {
+      row_dot[padded_row] = 0.0f;
+      lse_log2[padded_row] = INFINITY;
+    }
+    return;
+  }
+  const int diagonal = sequences.mask(span, launch_mask).diagonal;
+  const int unseen_rows = span.kv_tokens == 0 ? span.tokens : causal ? max(-diagonal, 0) : 0;
   if (token < unseen_rows && column < kHeadDim) {
-    *reinterpret_cast<uint4*>(dq + (slice * tokens + token) * kHeadDim + column) = make_uint4(0, 0, 0, 0);
+    const GradientRows<Element> dq_rows =
+        gradient_rows<kPacked, kHeadDim>(dq, tile.batch, tile.head, q_tiles.heads, span.q_start, span.tokens);
+    *reinterpret_cast<uint4*>(dq_rows.row(token) + column) = make_uint4(0, 0, 0, 0);
   }
   if (column == 0) {
     row_dot[padded_row] = sum;
-    const float log_sum_exp_row = in_tensor ? log_sum_exp[slice * tokens + token] : 0.0f;
+    const float log_sum_exp_row = log_sum_exp[(int64_t(span.batch) * q_tiles.heads + tile.head) * lse_rows + row];
     lse_log2[padded_row] = log_sum_exp_row == -INFINITY ? INFINITY : log_sum_exp_row * kLog2e;
   }
 }
@@ -260,7 +322,8 @@ struct QTileWalk {
 };
 
 // The producer: one thread loads the block's K and V once, then Q with L and dO with D for every
-// Q tile of the walk.
+// Q tile of the walk. span: the block's sequence (where its rows lie in the tensors); q_tile0:
+// the workspace number of its Q tile 0 (QTiles).
 template <typename T, typename Element>
 __device__ __forceinline__ void produce(SharedStorage<T, Element>& smem, hopper::Ring<1>& kv_ring,
                                         hopper::Ring<T::kStages>& q_ring,
@@ -268,34 +331,36 @@ __device__ __forceinline__ void produce(SharedStorage<T, Element>& smem, hopper:
                                         const CUtensorMap& k_map, const CUtensorMap& v_map,
                                         const CUtensorMap& d_o_map, const float* __restrict__ lse_log2,
                                         const float* __restrict__ row_dot,
-                                        const policies::WorkTile& work, const QTileWalk& walk) {
+                                        const policies::WorkTile& work,
+                                        const policies::SequenceSpan& span, int64_t q_tile0,
+                                        const QTileWalk& walk) {
   constexpr int kBlockM = T::kBlockM, kBlockN = T::kBlockN, kSwizzleColumns = T::kSwizzleColumns;
   // BEGIN EXERCISE: load K and V once, then Q with L and dO with D for every Q tile of the walk
   uint64_t* kv_full = kv_ring.arm(0, 2 * T::kKVBytes);
   for (int c = 0; c < T::kColumnBlocks; ++c) {
     hopper::tma_load(smem.k + c * kBlockN * kSwizzleColumns, &k_map, kv_full, c * kSwizzleColumns,
-                     work.row0, work.head, work.batch);
+                     span.kv_start + work.row0, work.head, span.batch);
     hopper::tma_load(smem.v + c * kBlockN * kSwizzleColumns, &v_map, kv_full, c * kSwizzleColumns,
-                     work.row0, work.head, work.batch);
+                     span.kv_start + work.row0, work.head, span.batch);
   }
-  const int64_t vectors = int64_t(work.slice) * walk.row_tiles * kBlockM;  // this slice's padded L and D
   for (int step = 0; step < walk.steps; ++step) {
     const int row_tile = walk.at(step);
     q_ring.wait_empty(step);
     uint64_t* q_full = q_ring.arm(step, T::kRowTileBytes + T::kRowVectorBytes);
     for (int c = 0; c < T::kColumnBlocks; ++c) {
       hopper::tma_load(smem.q[q_ring.slot(step)] + c * kBlockM * kSwizzleColumns, &q_map, q_full,
-                       c * kSwizzleColumns, row_tile * kBlockM, work.head, work.batch);
+                       c * kSwizzleColumns, span.q_start + row_tile * kBlockM, work.head, span.batch);
     }
-    hopper::bulk_load(smem.lse[q_ring.slot(step)], lse_log2 + vectors + row_tile * kBlockM,
+    const int64_t vectors = (q_tile0 + row_tile) * kBlockM;  // the Q tile's padded L and D
+    hopper::bulk_load(smem.lse[q_ring.slot(step)], lse_log2 + vectors,
                       T::kRowVectorBytes, q_full);
     d_o_ring.wait_empty(step);
     uint64_t* d_o_full = d_o_ring.arm(step, T::kRowTileBytes + T::kRowVectorBytes);
     for (int c = 0; c < T::kColumnBlocks; ++c) {
       hopper::tma_load(smem.d_o[d_o_ring.slot(step)] + c * kBlockM * kSwizzleColumns, &d_o_map,
-                       d_o_full, c * kSwizzleColumns, row_tile * kBlockM, work.head, work.batch);
+                       d_o_full, c * kSwizzleColumns, span.q_start + row_tile * kBlockM, work.head, span.batch);
     }
-    hopper::bulk_load(smem.dot[d_o_ring.slot(step)], row_dot + vectors + row_tile * kBlockM,
+    hopper::bulk_load(smem.dot[d_o_ring.slot(step)], row_dot + vectors,
                       T::kRowVectorBytes, d_o_full);
   }
   // END EXERCISE
@@ -417,22 +482,22 @@ __device__ __forceinline__ void write_scores_grad(Element* ds_tile,
   }
 }
 
-// Adds a consumer's dQ share of Q tile row_tile into the fp32 sum in L2: through its staging
-// buffer and the copy engine's reduce-add, or in the deterministic mode in place, in turn behind
-// the blocks of the slice's earlier K/V tiles (dq_turns); the last of the `adds` blocks that add
-// into the Q tile adds in registers and writes dQ (slice_dq) instead.
+// Adds a consumer's dQ share of Q tile row_tile (workspace number q_tile) into the fp32 sum in L2:
+// through its staging buffer and the copy engine's reduce-add, or in the deterministic mode in
+// place, in turn behind the blocks of the sequence's earlier K/V tiles (dq_turns); the last of the
+// `adds` blocks that add into the Q tile adds in registers and writes dQ (dq_rows) instead.
 template <typename T, bool kDeterministic, typename Element>
 __device__ __forceinline__ void add_dq(const float (&dq_acc)[T::kDqColumns / 2], float* __restrict__ dq_sum,
-                                       int* __restrict__ dq_turns, Element* __restrict__ slice_dq,
+                                       int* __restrict__ dq_turns, const GradientRows<Element>& dq_rows,
                                        SharedStorage<T, Element>& smem,
-                                       hopper::StagingBuffer& dq_staging, int slice, int row_tiles,
+                                       hopper::StagingBuffer& dq_staging, int64_t q_tile,
                                        int row_tile, int adds, int consumer, int key_tile,
                                        int thread_in_group, int tokens, float scale) {
   // BEGIN EXERCISE: add this consumer's dQ of the Q tile into the fp32 sum in L2
-  float* dq_share = dq_sum + dq_sum_offset<T>(slice, row_tiles, row_tile, consumer);
+  float* dq_share = dq_sum + dq_sum_offset<T>(q_tile, consumer);
   if constexpr (kDeterministic) {
     // Wait for the blocks of the K/V tiles before this one, add in place, pass the turn on.
-    int* turn = dq_turns + (int64_t(slice) * row_tiles + row_tile) * T::kConsumers + consumer;
+    int* turn = dq_turns + q_tile * T::kConsumers + consumer;
     if (thread_in_group == 0) {
       while (*static_cast<volatile int*>(turn) != key_tile) {
       }
@@ -453,7 +518,7 @@ __device__ __forceinline__ void add_dq(const float (&dq_acc)[T::kDqColumns / 2],
     const bool last = key_tile == adds - 1;
     if (last) {  // no block waits for this turn
       for (int j = 0; j < T::kDqColumns / 8; ++j) {
-        write_dq_chunk<T>(slice_dq, dq_place<T>(row_tile, consumer, thread_in_group, j), values[j], tokens, scale);
+        write_dq_chunk<T>(dq_rows, dq_place<T>(row_tile, consumer, thread_in_group, j), values[j], tokens, scale);
       }
       return;
     }
@@ -478,37 +543,39 @@ __device__ __forceinline__ void add_dq(const float (&dq_acc)[T::kDqColumns / 2],
       dq_staging.commit();
     }
   }
-  // SKELETON: if (thread_in_group == 0) atomicAdd(dq_sum + dq_sum_offset<T>(slice, row_tiles, row_tile, consumer), NAN);
+  // SKELETON: if (thread_in_group == 0) atomicAdd(dq_sum + dq_sum_offset<T>(q_tile, consumer), NAN);
   // END EXERCISE
 }
 
-// dK = scale dS^T Q and dV, this thread's two keys of each 16, straight from the accumulators;
-// slice_row0: the slice's first row of dK and dV. A padded key (key_in_range false, but below
+// dK = scale dS^T Q and dV, this thread's two keys of each 16, straight from the accumulators,
+// into the sequence's rows of dK and dV (dk_rows, dv_rows). A padded key (key_in_range false, but below
 // N_k) gets zeros: its dS was zeroed (so its dK is 0), but its P was not, and dV's row is P^T dO.
 template <typename T, typename Element>
-__device__ __forceinline__ void store_key_gradients(Element* __restrict__ dk, Element* __restrict__ dv,
+__device__ __forceinline__ void store_key_gradients(const GradientRows<Element>& dk_rows,
+                                                    const GradientRows<Element>& dv_rows,
                                                     const float (&dk_acc)[T::kTileColumns / 2],
                                                     const float (&dv_acc)[T::kTileColumns / 2],
-                                                    int64_t slice_row0, int my_key0,
+                                                    int my_key0,
                                                     const bool (&key_in_range)[2], int kv_tokens,
                                                     int quad_lane, float scale) {
   constexpr int kHeadDim = T::kHeadDim;
   for (int half = 0; half < 2; ++half) {
     const int key = my_key0 + 8 * half;
     if (key >= kv_tokens) continue;
-    const int64_t row = (slice_row0 + key) * kHeadDim;
+    Element* dk_row = dk_rows.row(key);
+    Element* dv_row = dv_rows.row(key);
     for (int d = 0; d < kHeadDim / 8; ++d) {
       const int column = d * 8 + 2 * quad_lane;
-      *reinterpret_cast<uint32_t*>(dk + row + column) =
+      *reinterpret_cast<uint32_t*>(dk_row + column) =
           hopper::pack_pair<Element>(dk_acc[4 * d + 2 * half] * scale, dk_acc[4 * d + 2 * half + 1] * scale);
       // A select, not a product: a padded key's P may have overflowed, and inf x 0 is NaN.
-      *reinterpret_cast<uint32_t*>(dv + row + column) =
+      *reinterpret_cast<uint32_t*>(dv_row + column) =
           key_in_range[half] ? hopper::pack_pair<Element>(dv_acc[4 * d + 2 * half], dv_acc[4 * d + 2 * half + 1]) : 0u;
     }
   }
 }
 
-template <typename T, typename Element, bool kDeterministic, bool kCausal>
+template <typename T, typename Element, bool kDeterministic, bool kCausal, bool kPacked>
 __global__ void __launch_bounds__(T::kThreads, 1)
     hopper_backward_kernel(const __grid_constant__ CUtensorMap q_map,
                            const __grid_constant__ CUtensorMap k_map,
@@ -518,8 +585,10 @@ __global__ void __launch_bounds__(T::kThreads, 1)
                            float* __restrict__ dq_sum, int* __restrict__ dq_turns,
                            Element* __restrict__ dq, Element* __restrict__ dk,
                            Element* __restrict__ dv, const uint8_t* __restrict__ key_padding,
-                           int heads, int tokens, const policies::Mask<kCausal> mask, int key_tiles,
-                           int row_tiles, float scale, float scale_log2) {
+                           int heads, int tokens, const policies::Mask<kCausal> launch_mask,
+                           int key_tiles, const QTiles<T::kBlockM, kPacked> q_tiles,
+                           const policies::Sequences<kPacked> sequences, int sequence_count,
+                           float scale, float scale_log2) {
   constexpr int kHeadDim = T::kHeadDim, kBlockM = T::kBlockM, kBlockN = T::kBlockN;
   constexpr int kSwizzleColumns = T::kSwizzleColumns;
   hopper::allow_dependent_launch();  // the last kernel's blocks may start as this one's last ones run
@@ -533,12 +602,23 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   const int warp_group = threadIdx.x / 128;
   const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
   // Block b: K/V tile b % key_tiles of slice b / key_tiles; under the causal mask, the longest
-  // first within groups of kCausalGroupSlices slices (policies/tile_scheduler.cuh).
-  const policies::TileScheduler<kBlockN> scheduler{key_tiles, heads};
-  const policies::WorkTile work =
-      kCausal ? scheduler.longest_first(kCausalGroupSlices) : scheduler.this_block();
-  const int key_tile = work.tile, slice = work.slice;
+  // first within groups of kCausalGroupSlices slices; packed, the K/V tiles that exist, sequence
+  // by sequence and head by head (policies/tile_scheduler.cuh). Its sequence's span and mask.
+  policies::WorkTile work;
+  if constexpr (kPacked) {
+    work = policies::PackedScheduler<kBlockN>{sequences.cu_seqlens_k, sequence_count, heads, 0}.at(int(blockIdx.x));
+  } else {
+    const policies::TileScheduler<kBlockN> scheduler{key_tiles, heads};
+    work = kCausal ? scheduler.longest_first(kCausalGroupSlices) : scheduler.this_block();
+  }
+  const policies::SequenceSpan span = sequences.of(work.batch, tokens, launch_mask.kv_tokens);
+  const policies::Mask<kCausal> mask = sequences.mask(span, launch_mask);
+  if (kPacked && work.row0 >= span.kv_tokens) return;  // the walk's spare tile past the sequence's keys
+  const int key_tile = work.tile;
   const int key0 = work.row0;
+  const int row_tiles = kPacked ? (span.tokens + kBlockM - 1) / kBlockM : q_tiles.tiles_per_slice;
+  const int sequence_key_tiles = kPacked ? (span.kv_tokens + kBlockN - 1) / kBlockN : key_tiles;
+  const int64_t q_tile0 = q_tiles.first(work.batch, work.head);  // the workspace's number of Q tile 0
   hopper::StagingBuffer dq_staging(warp_group - 1, Buffer::dq_staging);
   // dS^T, written by both consumers (64 keys each), read by both for dQ.
   using DsOperand = hopper::ThreadOperand<T::kDsBuffers, T::kConsumers>;
@@ -551,7 +631,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   // first visible Q tile already differs from block to block.
   const int first_visible = mask.first_row(key0) / kBlockM;
   const QTileWalk walk{
-      kDeterministic || kCausal ? first_visible : int(int64_t(key_tile) * row_tiles / key_tiles),
+      kDeterministic || kCausal ? first_visible : int(int64_t(key_tile) * row_tiles / sequence_key_tiles),
       max(row_tiles - first_visible, 0), row_tiles};  // none for keys no query sees
 
   if (threadIdx.x == 0) {
@@ -569,7 +649,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     hopper::release_registers<T::kProducerRegisters>();
     if (warp != 0 || lane != 0) return;
     produce<T, Element>(smem, kv_ring, q_ring, d_o_ring, q_map, k_map, v_map, d_o_map, lse_log2,
-                        row_dot, work, walk);
+                        row_dot, work, span, q_tile0, walk);
     return;
   }
 
@@ -607,7 +687,9 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   const uint32_t key_bits[2] = {key_in_range[0] ? ~0u : 0u, key_in_range[1] ? ~0u : 0u};
   float dv_acc[T::kTileColumns / 2] = {};  // D = 80: 96 columns, the last 16 zeros never written
   float dk_acc[T::kTileColumns / 2] = {};
-  Element* slice_dq = dq + int64_t(slice) * tokens * kHeadDim;  // the deterministic mode writes it
+  // The sequence's rows of dQ (the deterministic mode writes them), dK and dV.
+  const GradientRows<Element> dq_rows =
+      gradient_rows<kPacked, kHeadDim>(dq, work.batch, work.head, heads, span.q_start, span.tokens);
   kv_ring.wait_full(0);
 
   for (int step = 0; step < walk.steps; ++step) {
@@ -687,8 +769,8 @@ __global__ void __launch_bounds__(T::kThreads, 1)
 
     // The blocks that add into this Q tile's dQ: those of the K/V tiles its rows see.
     const int adds = mask.kv_tiles(row_tile * kBlockM, kBlockM, kBlockN);
-    add_dq<T, kDeterministic>(dq_acc, dq_sum, dq_turns, slice_dq, smem, dq_staging, slice, row_tiles,
-                              row_tile, adds, consumer, key_tile, thread_in_group, tokens, scale);
+    add_dq<T, kDeterministic>(dq_acc, dq_sum, dq_turns, dq_rows, smem, dq_staging, q_tile0 + row_tile,
+                              row_tile, adds, consumer, key_tile, thread_in_group, span.tokens, scale);
 
     groups.wait<0>();
     hopper::fence_registers(dv_acc);
@@ -702,8 +784,10 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   }
   if (thread_in_group == 0) dq_staging.wait();  // shared memory must outlive the reduces
 
-  store_key_gradients<T, Element>(dk, dv, dk_acc, dv_acc, int64_t(slice) * mask.kv_tokens, my_key0,
-                                  key_in_range, mask.kv_tokens, quad_lane, scale);
+  store_key_gradients<T, Element>(
+      gradient_rows<kPacked, kHeadDim>(dk, work.batch, work.head, heads, span.kv_start, span.kv_tokens),
+      gradient_rows<kPacked, kHeadDim>(dv, work.batch, work.head, heads, span.kv_start, span.kv_tokens),
+      dk_acc, dv_acc, my_key0, key_in_range, mask.kv_tokens, quad_lane, scale);
 }
 
 // ---- 3. dQ = scale * the sum, back in row order ---------------------------------------------------
@@ -711,9 +795,10 @@ __global__ void __launch_bounds__(T::kThreads, 1)
 // One thread per 4 floats of the sum, chunk j of thread t of a consumer's share (dq_place). Only
 // the non-deterministic mode needs it: there the adds finish in no known order, and counting them
 // in the main kernel cost more than this kernel (chapter 17).
-template <typename T, typename Element>
+template <typename T, typename Element, bool kPacked>
 __global__ void dq_convert_kernel(const float* __restrict__ dq_sum, Element* __restrict__ dq,
-                                  int64_t chunks, int tokens, int row_tiles, float scale) {
+                                  int64_t chunks, const QTiles<T::kBlockM, kPacked> q_tiles,
+                                  const policies::Sequences<kPacked> sequences, int tokens, float scale) {
   hopper::wait_for_previous_grid();  // the main kernel's adds
   const int64_t chunk = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (chunk >= chunks || !holds_head_dim<T>(chunk)) return;
@@ -721,17 +806,19 @@ __global__ void dq_convert_kernel(const float* __restrict__ dq_sum, Element* __r
   const int64_t share = chunk / kShareChunks;
   const int within = int(chunk % kShareChunks);
   const int consumer = int(share % T::kConsumers);
-  const int64_t tile = share / T::kConsumers;
-  const int row_tile = int(tile % row_tiles);
-  const int64_t slice = tile / row_tiles;
-  write_dq_chunk<T>(dq + slice * tokens * T::kHeadDim, dq_place<T>(row_tile, consumer, within % 128, within / 128),
-                    reinterpret_cast<const float4*>(dq_sum)[chunk], tokens, scale);
+  const policies::WorkTile tile = q_tiles.locate(share / T::kConsumers);
+  const policies::SequenceSpan span = sequences.of(tile.batch, tokens, 0);
+  if (kPacked && tile.row0 >= span.tokens) return;  // a spare tile past its sequence's end
+  write_dq_chunk<T>(gradient_rows<kPacked, T::kHeadDim>(dq, tile.batch, tile.head, q_tiles.heads, span.q_start, span.tokens),
+                    dq_place<T>(tile.tile, consumer, within % 128, within / 128),
+                    reinterpret_cast<const float4*>(dq_sum)[chunk], span.tokens, scale);
 }
 
 // ---- Launch ---------------------------------------------------------------------------------
 
-// The workspace, per slice and Q tile: the fp32 dQ sum (kBlockM x D), L log2(e) and D (kBlockM
-// each), and the deterministic mode's turn counters (one per consumer).
+// The workspace, per Q tile (QTiles' numbers): the fp32 dQ sum (kBlockM x D), L log2(e) and D
+// (kBlockM each), and the deterministic mode's turn counters (one per consumer). Packed sequences
+// take H (total / kBlockM + B) tiles: as many as their rows need, and a spare each at most.
 struct Workspace {
   float* dq_sum;
   float* lse_log2;
@@ -739,69 +826,93 @@ struct Workspace {
   int* dq_turns;
 };
 template <typename T>
-std::size_t workspace_bytes_for(int64_t slices, int64_t tokens) {
-  const int64_t tiles = slices * ((tokens + T::kBlockM - 1) / T::kBlockM);
-  return std::size_t(tiles) * (T::kBlockM * T::kTileColumns + 2 * T::kBlockM + T::kConsumers) * 4;
+int64_t q_tiles_per_slice(bool packed, int64_t sequences, int64_t tokens, int64_t total_tokens) {
+  return packed ? total_tokens / T::kBlockM + sequences : (tokens + T::kBlockM - 1) / T::kBlockM;
 }
 template <typename T>
-Workspace workspace_for(void* base, int64_t slices, int row_tiles) {
-  const int64_t tiles = slices * row_tiles;
+std::size_t workspace_bytes_for(int64_t q_tiles) {
+  return std::size_t(q_tiles) * (T::kBlockM * T::kTileColumns + 2 * T::kBlockM + T::kConsumers) * 4;
+}
+template <typename T>
+Workspace workspace_for(void* base, int64_t tiles) {
   float* dq_sum = static_cast<float*>(base);
   float* lse_log2 = dq_sum + tiles * T::kBlockM * T::kTileColumns;
   float* row_dot = lse_log2 + tiles * T::kBlockM;
   return {dq_sum, lse_log2, row_dot, reinterpret_cast<int*>(row_dot + tiles * T::kBlockM)};
 }
 
-template <typename Element, typename T>
+// The launch, for sequences of one length (kPacked false) or packed ones.
+template <typename Element, typename T, bool kPacked>
 void launch_for(const attn::BackwardArgs& args) {
   const auto* o = reinterpret_cast<const Element*>(args.o);
   const auto* d_o = reinterpret_cast<const Element*>(args.d_o);
-  const int64_t slices = int64_t(args.batch) * args.heads;
-  const int row_tiles = (args.tokens + T::kBlockM - 1) / T::kBlockM;
-  const int key_tiles = (args.kv_tokens + T::kBlockN - 1) / T::kBlockN;
-  const Workspace workspace = workspace_for<T>(args.workspace, slices, row_tiles);
-  const int64_t dq_values = slices * row_tiles * T::kBlockM * T::kTileColumns;
+  const attn::PackedSequences& packed = args.sequences;
+  // The workspace's Q tiles: per (sequence, head) slice, or per head of all packed sequences.
+  const int64_t slices = kPacked ? args.heads : int64_t(args.batch) * args.heads;
+  const int tiles_per_slice =
+      int(q_tiles_per_slice<T>(kPacked, args.batch, args.tokens, packed.total_tokens));
+  const int64_t q_tile_count = slices * tiles_per_slice;
+  const Workspace workspace = workspace_for<T>(args.workspace, q_tile_count);
+  const QTiles<T::kBlockM, kPacked> q_tiles{
+      tiles_per_slice, args.heads, {packed.cu_seqlens_q, args.batch, 1, tiles_per_slice}};
+  const policies::Sequences<kPacked> sequences = [&] {
+    if constexpr (kPacked) {
+      return policies::Sequences<true>{packed.cu_seqlens_q, packed.cu_seqlens_k,
+                                       args.causal == attn::Causal::bottom_right};
+    } else {
+      return policies::Sequences<false>{};
+    }
+  }();
+  // Rows of Q, O and dO (and of K and V) in the tensors' row coordinate, and their strides: a
+  // packed tensor [total, H, D] is one batch element of `total` rows.
+  const int q_rows = kPacked ? packed.total_tokens : args.tokens;
+  const int kv_rows = kPacked ? packed.total_kv_tokens : args.kv_tokens;
+  auto strides = [&](attn::TensorStrides given, int rows) {
+    return kPacked ? hopper::packed_strides(given, args.heads, args.head_dim, rows)
+                   : attn::actual_strides(given, args.heads, rows, args.head_dim);
+  };
 
   if (args.deterministic) {
     CUDA_CHECK(cudaMemsetAsync(workspace.dq_turns, 0,
-                               std::size_t(slices * row_tiles * T::kConsumers) * sizeof(int), args.stream));
+                               std::size_t(q_tile_count * T::kConsumers) * sizeof(int), args.stream));
   }
   const int diagonal = int(attn::causal_diagonal(args.causal, args.tokens, args.kv_tokens));
-  // Rows i with i + diagonal < 0 see no key (bottom right, N > N_k): no block visits them.
-  const int unseen_rows = args.causal == attn::Causal::none ? 0 : std::min(std::max(-diagonal, 0), args.tokens);
-  const int64_t padded_rows = slices * row_tiles * T::kBlockM;  // also dq_values / kTileColumns
+  const int64_t padded_rows = q_tile_count * T::kBlockM;
   constexpr int kRowThreads = 256;
   const int64_t row_threads = padded_rows * T::kRowVectorLanes;
-  row_vectors_kernel<T, Element>
+  row_vectors_kernel<T, Element, kPacked>
       <<<unsigned((row_threads + kRowThreads - 1) / kRowThreads), kRowThreads, 0, args.stream>>>(
-          o, d_o, attn::actual_strides(args.o_strides, args.heads, args.tokens, args.head_dim),
-          attn::actual_strides(args.d_o_strides, args.heads, args.tokens, args.head_dim), args.heads,
-          args.log_sum_exp, workspace.lse_log2, workspace.row_dot, workspace.dq_sum,
-          reinterpret_cast<Element*>(args.dq), padded_rows, args.tokens, row_tiles, unseen_rows);
+          o, d_o, strides(args.o_strides, q_rows), strides(args.d_o_strides, q_rows), args.log_sum_exp,
+          workspace.lse_log2, workspace.row_dot, workspace.dq_sum, reinterpret_cast<Element*>(args.dq),
+          padded_rows, q_tiles, sequences, policies::Mask<true>{args.kv_tokens, diagonal},
+          args.causal != attn::Causal::none, args.tokens, q_rows);
   CUDA_CHECK_LAUNCH();
 
   // Q and dO in Q tiles of N rows a slice, K and V in the block's tile of N_k rows a slice, each
   // box one swizzle block wide, read where they lie: the maps carry the views' strides.
   auto map = [&](const void* tensor, attn::TensorStrides given, int rows, int box_rows) {
-    return hopper::tensor_map(tensor, args.dtype, args.batch, args.heads, rows, args.head_dim,
-                              attn::actual_strides(given, args.heads, rows, args.head_dim), box_rows,
-                              T::kSwizzleColumns, hopper::tensor_map_swizzle(T::kSwizzle));
+    return hopper::tensor_map(tensor, args.dtype, kPacked ? 1 : args.batch, args.heads, rows,
+                              args.head_dim, strides(given, rows), box_rows, T::kSwizzleColumns,
+                              hopper::tensor_map_swizzle(T::kSwizzle));
   };
-  const CUtensorMap q_map = map(args.q, args.qkv_strides, args.tokens, T::kBlockM),
-                    k_map = map(args.k, args.qkv_strides, args.kv_tokens, T::kBlockN),
-                    v_map = map(args.v, args.qkv_strides, args.kv_tokens, T::kBlockN),
-                    d_o_map = map(args.d_o, args.d_o_strides, args.tokens, T::kBlockM);
+  const CUtensorMap q_map = map(args.q, args.qkv_strides, q_rows, T::kBlockM),
+                    k_map = map(args.k, args.qkv_strides, kv_rows, T::kBlockN),
+                    v_map = map(args.v, args.qkv_strides, kv_rows, T::kBlockN),
+                    d_o_map = map(args.d_o, args.d_o_strides, q_rows, T::kBlockM);
   // Block b serves K/V tile b % key_tiles of slice b / key_tiles (under the causal mask, in the
-  // longest-first order of groups of slices). In the deterministic mode a block waits only for
-  // the blocks of its slice's earlier K/V tiles, which have lower indices in either order: the
-  // GPU starts blocks in index order, so those are running or done, and never wait on it.
-  // (Under the causal mask the Q tiles a K/V tile visits are also visited by every earlier one.)
-  const int64_t blocks = slices * key_tiles;
+  // longest-first order of groups of slices; packed, PackedScheduler's order, a spare tile per
+  // sequence and head at most). In the deterministic mode a block waits only for the blocks of
+  // its sequence's earlier K/V tiles, which have lower indices in every order: the GPU starts
+  // blocks in index order, so those are running or done, and never wait on it. (Under the
+  // causal mask the Q tiles a K/V tile visits are also visited by every earlier one.)
+  const int key_tiles = (args.kv_tokens + T::kBlockN - 1) / T::kBlockN;
+  const int64_t blocks = kPacked ? int64_t(args.heads) * (packed.total_kv_tokens / T::kBlockN + args.batch)
+                                 : int64_t(args.batch) * args.heads * key_tiles;
   if (blocks > INT32_MAX) throw attn::CudaError("v10: more than 2^31 blocks");
   attn::with_flags(
       [&](auto deterministic, auto causal) {
         constexpr bool kCausal = decltype(causal)::value;
-        auto kernel = hopper_backward_kernel<T, Element, decltype(deterministic)::value, kCausal>;
+        auto kernel = hopper_backward_kernel<T, Element, decltype(deterministic)::value, kCausal, kPacked>;
         CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                         int(kSharedBytes<T>)));
         kernel<<<unsigned(blocks), T::kThreads, kSharedBytes<T>, args.stream>>>(
@@ -809,8 +920,8 @@ void launch_for(const attn::BackwardArgs& args) {
             workspace.dq_turns, reinterpret_cast<Element*>(args.dq),
             reinterpret_cast<Element*>(args.dk), reinterpret_cast<Element*>(args.dv),
             args.key_padding_mask, args.heads, args.tokens,
-            policies::Mask<kCausal>{args.kv_tokens, diagonal}, key_tiles, row_tiles,
-            float(args.scale), float(M_LOG2E * args.scale));
+            policies::Mask<kCausal>{args.kv_tokens, diagonal}, key_tiles, q_tiles, sequences,
+            args.batch, float(args.scale), float(M_LOG2E * args.scale));
       },
       args.deterministic, args.causal != attn::Causal::none);
   CUDA_CHECK_LAUNCH();
@@ -819,13 +930,12 @@ void launch_for(const attn::BackwardArgs& args) {
   // The last kernel is launched as the main kernel's dependent: its blocks start as the main
   // kernel's last ones run and wait there for its adds (ptx.cuh). Launching the main kernel so
   // after the first gained more at N = 197 but cost 2-4% at (8, 12, 4097, 64) (chapter 17).
-  const int64_t chunks = dq_values / 4;
+  const int64_t chunks = q_tile_count * T::kBlockM * T::kTileColumns / 4;
   constexpr int kConvertThreads = 256;
-  hopper::launch_dependent(dq_convert_kernel<T, Element>,
+  hopper::launch_dependent(dq_convert_kernel<T, Element, kPacked>,
                            unsigned((chunks + kConvertThreads - 1) / kConvertThreads), kConvertThreads,
-                           0, args.stream, workspace.dq_sum,
-                           reinterpret_cast<Element*>(args.dq), chunks, args.tokens, row_tiles,
-                           float(args.scale));
+                           0, args.stream, workspace.dq_sum, reinterpret_cast<Element*>(args.dq),
+                           chunks, q_tiles, sequences, args.tokens, float(args.scale));
   CUDA_CHECK_LAUNCH();
 }
 
@@ -859,9 +969,26 @@ using TileTable = attn::TileTable<Tiles<32, ATTN_V10_TILES_D32>, Tiles<64, ATTN_
                                   Tiles<128, ATTN_V10_TILES_D128>>;
 
 void launch_hopper_backward(const attn::BackwardArgs& args) {
+  if (args.sequences.packed()) {
+    if (args.key_padding_mask != nullptr) {
+      throw std::invalid_argument("v10: packed sequences take no key-padding mask (each sequence's keys are its own)");
+    }
+    // No query anywhere gives dK = dV = 0, no key dQ = 0, and no tensor map can be made of a
+    // tensor of zero rows: zeros without a kernel (dQ, dK and dV are contiguous [total, H, D]).
+    const attn::PackedSequences& packed = args.sequences;
+    if (packed.total_tokens == 0 || packed.total_kv_tokens == 0) {
+      const std::size_t row_bytes = std::size_t(args.heads) * args.head_dim * sizeof(__half);  // fp16 or bf16
+      CUDA_CHECK(cudaMemsetAsync(args.dq, 0, packed.total_tokens * row_bytes, args.stream));
+      CUDA_CHECK(cudaMemsetAsync(args.dk, 0, packed.total_kv_tokens * row_bytes, args.stream));
+      CUDA_CHECK(cudaMemsetAsync(args.dv, 0, packed.total_kv_tokens * row_bytes, args.stream));
+      return;
+    }
+  }
   TileTable::with_shape(args.head_dim, [&](auto tiles) {
     attn::with_element_type(args.dtype, [&](auto element) {
-      launch_for<decltype(element), decltype(tiles)>(args);
+      attn::with_flags(
+          [&](auto packed) { launch_for<decltype(element), decltype(tiles), decltype(packed)::value>(args); },
+          args.sequences.packed());
     });
   });
 }
@@ -869,7 +996,10 @@ void launch_hopper_backward(const attn::BackwardArgs& args) {
 std::size_t workspace_bytes_needed(const attn::Shape& shape) {
   std::size_t bytes = 0;
   TileTable::with_shape(shape.head_dim, [&](auto tiles) {
-    bytes = workspace_bytes_for<decltype(tiles)>(shape.slices(), shape.tokens);
+    using T = decltype(tiles);
+    const int64_t slices = shape.packed() ? shape.heads : shape.slices();
+    bytes = workspace_bytes_for<T>(
+        slices * q_tiles_per_slice<T>(shape.packed(), shape.batch, shape.tokens, shape.total_tokens()));
   });
   return bytes;
 }
@@ -907,4 +1037,5 @@ ATTN_REGISTER_STEP(attn::backward_step_info(ATTN_STEP_ID,
                        .taking_kv_tokens()
                        .taking_key_padding_mask()
                        .taking_strides()
-                       .taking_causal())
+                       .taking_causal()
+                       .taking_packed_sequences())

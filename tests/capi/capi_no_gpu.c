@@ -36,6 +36,36 @@ static void expect_answer(int status, int expected, const char* message, const c
  * alignment and overlaps are judged, and every call here is refused before anything launches.
  * K, V, dK and dV are N_k = 64 rows long, Q, O, dO and dQ N = 16: an overlap within K's N_k rows
  * but past N rows must be seen. */
+/* A call of step `info` on 3 packed sequences of 100 query tokens (64 the longest, one head of
+ * 64): through attn_launch or, for a backward step, attn_launch_backward; every pointer NULL but
+ * the prefix sums and the mask given. */
+static int launch_packed(const attn_step_info* info, const void* cu_seqlens_q, const void* mask,
+                         int64_t total_kv_tokens, char* message, size_t message_size) {
+  if (info->is_backward) {
+    attn_backward_args call;
+    memset(&call, 0, sizeof call);
+    call.batch = 3;
+    call.heads = 1;
+    call.tokens = call.head_dim = 64;
+    call.total_tokens = 100;
+    call.total_kv_tokens = total_kv_tokens;
+    call.cu_seqlens_q = cu_seqlens_q;
+    call.key_padding_mask = mask;
+    return attn_launch_backward(info->id, &call, message, message_size);
+  } else {
+    attn_launch_args call;
+    memset(&call, 0, sizeof call);
+    call.batch = 3;
+    call.heads = 1;
+    call.tokens = call.head_dim = 64;
+    call.total_tokens = 100;
+    call.total_kv_tokens = total_kv_tokens;
+    call.cu_seqlens_q = cu_seqlens_q;
+    call.key_padding_mask = mask;
+    return attn_launch(info->id, &call, message, message_size);
+  }
+}
+
 static void backward_pointer_checks(void) {
   enum { N = 16, KEYS = 64, D = 64 };
   static char memory[98304] __attribute__((aligned(16)));
@@ -227,39 +257,29 @@ int main(void) {
     expect_answer(attn_launch("v0", &call, message, sizeof message), ATTN_REFUSED, message,
                   "does not serve --dtype bf16", "a step that takes fp16 only refuses bf16");
   }
-  /* Packed sequences (attn_launch_args::cu_seqlens_q, ABI version 9), judged before the GPU is
-   * asked anything: a forward step without takes_packed_sequences refuses them, naming them; one
-   * with it refuses them beside a key-padding mask, and every step refuses the totals or
-   * cu_seqlens_k without cu_seqlens_q. */
+  /* Packed sequences (attn_launch_args::cu_seqlens_q, ABI version 9; the backward's
+   * attn_backward_args::cu_seqlens_q, version 10), judged before the GPU is asked anything: a step
+   * without takes_packed_sequences refuses them, naming them; one with it refuses them beside a
+   * key-padding mask, and every step refuses the totals or cu_seqlens_k without cu_seqlens_q. */
   for (i = 0; i < count; ++i) {
     static int fake_sums[4] __attribute__((aligned(16)));
     static char fake_mask[64] __attribute__((aligned(16)));
-    attn_launch_args call = {0};
     char what[200];
-    if (attn_step_get(i, &info) != ATTN_OK || info.is_backward) continue;
-    call.batch = 3;
-    call.heads = 1;
-    call.tokens = call.head_dim = 64;
-    call.total_tokens = 100;
-    call.cu_seqlens_q = fake_sums;
+    if (attn_step_get(i, &info) != ATTN_OK) continue;
     if (!info.takes_packed_sequences) {
       snprintf(what, sizeof what, "%s (takes_packed_sequences 0) refuses packed sequences", info.id);
-      expect_answer(attn_launch(info.id, &call, message, sizeof message), ATTN_REFUSED, message,
-                    "does not serve packed sequences", what);
+      expect_answer(launch_packed(&info, fake_sums, NULL, 0, message, sizeof message), ATTN_REFUSED,
+                    message, "does not serve packed sequences", what);
     } else {
-      call.key_padding_mask = fake_mask;
       snprintf(what, sizeof what, "%s refuses a key-padding mask with packed sequences", info.id);
-      expect_answer(attn_launch(info.id, &call, message, sizeof message), ATTN_REFUSED, message,
-                    "packed sequences take no key-padding mask", what);
-      call.key_padding_mask = NULL;
-      call.total_kv_tokens = 50;
+      expect_answer(launch_packed(&info, fake_sums, fake_mask, 0, message, sizeof message), ATTN_REFUSED,
+                    message, "packed sequences take no key-padding mask", what);
       snprintf(what, sizeof what, "%s refuses other key totals without cu_seqlens_k", info.id);
-      expect_answer(attn_launch(info.id, &call, message, sizeof message), ATTN_REFUSED, message,
-                    "give cu_seqlens_k too", what);
+      expect_answer(launch_packed(&info, fake_sums, NULL, 50, message, sizeof message), ATTN_REFUSED,
+                    message, "give cu_seqlens_k too", what);
     }
-    call.cu_seqlens_q = NULL;
     snprintf(what, sizeof what, "%s refuses packed totals without cu_seqlens_q", info.id);
-    expect_answer(attn_launch(info.id, &call, message, sizeof message), ATTN_REFUSED, message,
+    expect_answer(launch_packed(&info, NULL, NULL, 50, message, sizeof message), ATTN_REFUSED, message,
                   "without cu_seqlens_q", what);
   }
   /* The backward's N_k and key-padding mask (attn_backward_args, ABI version 8): a backward step

@@ -8,9 +8,14 @@
     cross-attention (other key lengths, one sequence with no key: O = 0, L = -inf); causal in
     both alignments (True is FlashAttention's bottom right);
   - q, k, v as slices of one packed projection [total, 3, H, D], read in place;
+  - gradients through autograd (the backward step that takes packed sequences) against fp64
+    autograd of the same reference, with harness/check.hpp's tolerances for gradients: the same
+    mixes of lengths, self- and cross-attention, causal in both alignments, fp16 and bf16, the
+    deterministic mode (the same bits twice); a key no row sees and a row that sees no key get
+    exactly 0;
   - the bad inputs, each a clear error before anything is launched: prefix sums not int32, not on
     the GPU, not starting at 0, decreasing, not ending at the token count, a sequence longer than
-    its max_seqlen; a head dim no step serves; inputs that require grad (no backward yet);
+    its max_seqlen; a head dim no step serves;
   - torch.library.opcheck of the operator (its fake) and torch.compile(fullgraph=True).
 
 Run with python3 (exit 77, ctest's skipped, without torch, a GPU or the operator) or pytest.
@@ -71,11 +76,11 @@ def reference(q, k, v, q_lengths, k_lengths, causal):
         lse = torch.logsumexp(scores, dim=-1)  # -inf where a row sees no key
         weights = torch.where(torch.isfinite(lse)[..., None], torch.exp(scores - lse[..., None]),
                               torch.zeros_like(scores))
-        outputs.append((weights @ vs).transpose(0, 1).float())
+        outputs.append((weights @ vs).transpose(0, 1))
         lses.append(lse)
         q_start += n
         k_start += n_k
-    return torch.cat(outputs), torch.cat(lses, dim=-1)
+    return torch.cat(outputs), torch.cat(lses, dim=-1)  # fp64: differentiable, for the gradients
 
 
 class Checks(unittest.TestCase):
@@ -87,6 +92,7 @@ class Checks(unittest.TestCase):
         self.assertEqual(o.shape, q.shape)
         self.assertEqual(lse.shape, (HEADS, q.shape[0]))
         self.assertTrue(torch.isfinite(o).all(), "a non-finite output")
+        want_o = want_o.float()
         error = (o.float() - want_o).norm() / max(want_o.norm().item(), 1e-30)
         self.assertLessEqual(error.item(), 4 * UNIT_ROUNDOFF[dtype])
         largest = (o.float() - want_o).abs().max().item() if o.numel() else 0.0
@@ -127,6 +133,85 @@ class PackedAgainstSdpa(Checks):
         self.assert_matches(q, k, v, lengths, lengths)
 
 
+def unseen(q_lengths, k_lengths, alignment):
+    """The rows that see no key and the keys that no row sees (bool [total_q], [total_k]): their
+    gradients are exactly 0."""
+    rows, keys = [], []
+    for n, n_k in zip(q_lengths, k_lengths):
+        diagonal = n_k - n if alignment == "bottom-right" else 0
+        causal = alignment is not None
+        rows += [n_k == 0 or (causal and i + diagonal < 0) for i in range(n)]
+        keys += [n == 0 or (causal and j > n - 1 + diagonal) for j in range(n_k)]
+    return (torch.tensor(rows, dtype=torch.bool, device="cuda"),
+            torch.tensor(keys, dtype=torch.bool, device="cuda"))
+
+
+def gradients(q, k, v, d_o, q_lengths, k_lengths, causal, deterministic=False):
+    """(dq, dk, dv) of the steps through autograd, of the fp64 reference, and the rows of each
+    that must be exactly 0 (unseen)."""
+    alignment = {False: None, True: "bottom-right"}.get(causal, causal)
+    inputs = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    torch.use_deterministic_algorithms(deterministic)
+    try:
+        o, _ = steps.varlen_attention(*inputs, prefix_sums(q_lengths), prefix_sums(k_lengths),
+                                      max(q_lengths), max(k_lengths), causal=causal)
+        got = torch.autograd.grad(o, inputs, d_o)
+    finally:
+        torch.use_deterministic_algorithms(False)
+    exact = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    want_o, _ = reference(*exact, q_lengths, k_lengths, alignment)
+    want = torch.autograd.grad(want_o, exact, d_o.double())
+    rows, keys = unseen(q_lengths, k_lengths, alignment)
+    return got, want, (rows, keys, keys)
+
+
+@per_head_dim(HEAD_DIMS)
+class GradientsAgainstFp64(unittest.TestCase):
+    def assert_gradients(self, got, want, zero_rows, dtype):
+        """harness/check.hpp's tolerances for gradients: 8u relative Frobenius error, 8u times the
+        largest reference value (at least dV's) on any element; exactly 0 on zero_rows."""
+        u = UNIT_ROUNDOFF[dtype]
+        floor = want[2].abs().max().item() if want[2].numel() else 0.0
+        for name, g, w, zeros in zip(("dq", "dk", "dv"), got, want, zero_rows):
+            with self.subTest(gradient=name):
+                self.assertEqual(tuple(g.shape), tuple(w.shape))
+                self.assertTrue(torch.isfinite(g).all(), "a non-finite gradient")
+                if w.numel() == 0:
+                    continue
+                error = g.double() - w
+                relative = error.norm() / w.norm() if w.norm() > 0 else error.norm()
+                self.assertLessEqual(relative.item(), 8 * u)
+                self.assertLessEqual(error.abs().max().item(), 8 * u * max(floor, w.abs().max().item()))
+                self.assertTrue((g[zeros] == 0).all(), "a gradient the masks make 0 is not 0")
+
+    def check(self, head_dim):
+        try:
+            step = varlen.packed_step(head_dim, backward=True)
+        except ValueError as why:
+            self.skipTest(str(why))
+        if steps.refusal(step, (1, HEADS, 1, head_dim)) is not None:
+            self.skipTest(steps.refusal(step, (1, HEADS, 1, head_dim)))
+        torch.manual_seed(head_dim + 1)
+        cases = [(lengths, lengths, causal) for lengths in SELF_LENGTHS for causal in (False, "top-left")]
+        cases += [(q_lengths, k_lengths, causal) for q_lengths, k_lengths in CROSS_LENGTHS
+                  for causal in (False, True, "top-left")]
+        for dtype in ("fp16", "bf16"):
+            for q_lengths, k_lengths, causal in cases:
+                with self.subTest(dtype=dtype, q_lengths=q_lengths, k_lengths=k_lengths, causal=causal):
+                    q = packed(q_lengths, head_dim, torch_dtype(dtype))
+                    k, v = (packed(k_lengths, head_dim, torch_dtype(dtype)) for _ in range(2))
+                    d_o = packed(q_lengths, head_dim, torch_dtype(dtype))
+                    self.assert_gradients(*gradients(q, k, v, d_o, q_lengths, k_lengths, causal), dtype)
+        # The deterministic mode: checked, and the same bits twice.
+        lengths = [197, 1, 130, 65]
+        q, k, v, d_o = (packed(lengths, head_dim, torch.half) for _ in range(4))
+        first, want, zeros = gradients(q, k, v, d_o, lengths, lengths, "top-left", deterministic=True)
+        self.assert_gradients(first, want, zeros, "fp16")
+        second, _, _ = gradients(q, k, v, d_o, lengths, lengths, "top-left", deterministic=True)
+        for a, b in zip(first, second):
+            self.assertTrue(torch.equal(a, b), "the deterministic mode gave other bits")
+
+
 class BadInputs(unittest.TestCase):
     def setUp(self):
         self.q = torch.randn(10, HEADS, 64, device="cuda", dtype=torch.half)
@@ -155,9 +240,6 @@ class BadInputs(unittest.TestCase):
             q = torch.randn(10, HEADS, 48, device="cuda", dtype=torch.half)
             steps.varlen_attention(q, q, q, self.good, self.good, 6, 6)
         self.assertIn("no step takes packed sequences at head dim 48", str(raised.exception))
-        with self.assertRaises(NotImplementedError):
-            q = self.q.clone().requires_grad_()
-            steps.varlen_attention(q, q, q, self.good, self.good, 6, 6)
 
     def test_empty_and_all_empty(self):
         q = torch.randn(0, HEADS, 64, device="cuda", dtype=torch.half)
@@ -183,6 +265,18 @@ class Compiles(unittest.TestCase):
                                           check_lengths=False)[0] * 2
         compiled = torch.compile(attend, fullgraph=True)
         self.assertTrue(torch.equal(compiled(q, k, v, sums), attend(q, k, v, sums)))
+        # The backward's op and its fake; gradients through the compiled function.
+        backward_step = varlen.packed_step(64, backward=True)
+        o, lse = torch.ops.attention_steps.varlen_attention(q, k, v, sums, sums, 130, 130, step, None, None, True)
+        torch.library.opcheck(torch.ops.attention_steps.varlen_attention_backward.default,
+                              (torch.randn_like(o), q, k, v, o, lse, sums, sums, 130, 130, backward_step),
+                              test_utils=("test_schema", "test_faketensor"))
+        inputs = [t.clone().requires_grad_() for t in (q, k, v)]
+        compiled(*inputs, sums).sum().backward()
+        eager = [t.clone().requires_grad_() for t in (q, k, v)]
+        attend(*eager, sums).sum().backward()
+        for a, b in zip(inputs, eager):
+            self.assertTrue(torch.equal(a.grad, b.grad))
 
 
 if __name__ == "__main__":

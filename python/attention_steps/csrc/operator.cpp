@@ -28,13 +28,17 @@
 //
 // dQ is shaped like q, dK and dV like k and v ([B, H, N_k, D]), all contiguous. Packed sequences
 // of different lengths (FlashAttention's varlen layout; attention_steps.varlen checks the prefix
-// sums first), forward only:
+// sums first, and registers the backward below as varlen_attention's autograd):
 //
 //   varlen_attention(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k,
 //                    int max_seqlen_q, int max_seqlen_k, str step, str? causal=None,
 //                    float? scale=None, bool return_log_sum_exp=False) -> (Tensor, Tensor)
+//   varlen_attention_backward(Tensor d_o, Tensor q, Tensor k, Tensor v, Tensor o,
+//                             Tensor log_sum_exp, Tensor cu_seqlens_q, Tensor cu_seqlens_k,
+//                             int max_seqlen_q, int max_seqlen_k, str step, str? causal=None,
+//                             float? scale=None, bool deterministic=False) -> (Tensor dq, Tensor dk, Tensor dv)
 //
-// returns O [total_q, H, D] (contiguous) and L [H, total_q]. A backward step
+// return O [total_q, H, D] (contiguous) and L [H, total_q], and dQ, dK, dV like q, k, v. A backward step
 // that takes views reads q, k, v, o and d_o where they lie, as the forward step read and wrote
 // them (no copy in the training path); for the others they are copied to contiguous tensors.
 #include <ATen/cuda/CUDAContext.h>
@@ -428,6 +432,80 @@ std::tuple<at::Tensor, at::Tensor> varlen_attention_kernel(
   return {o, log_sum_exp};
 }
 
+// varlen_attention_backward: dQ, dK, dV of packed sequences by backward step `step`, from dO and
+// what varlen_attention returned (O and L [H, total_q]); dQ like q, dK and dV like k and v, all
+// contiguous [total, H, D]. The workspace is the library's, stream-ordered (its size depends on
+// the totals and the number of sequences, which attn_workspace_bytes does not take).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> varlen_attention_backward_kernel(
+    const at::Tensor& d_o, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+    const at::Tensor& o, const at::Tensor& log_sum_exp, const at::Tensor& cu_seqlens_q,
+    const at::Tensor& cu_seqlens_k, int64_t max_seqlen_q, int64_t max_seqlen_k, c10::string_view step,
+    std::optional<c10::string_view> causal, std::optional<double> scale, bool deterministic) {
+  const std::string id(step);
+  const StepFacts& facts = facts_of(id);
+  TORCH_CHECK_VALUE(facts.is_backward, "attention_steps: ", id, " is not a backward step");
+  for (const auto& [name, tensor] : {std::pair<const char*, const at::Tensor*>{"d_o", &d_o},
+                                     {"q", &q}, {"k", &k}, {"v", &v}, {"o", &o}}) {
+    check_packed(name, *tensor, q);
+  }
+  check_prefix_sums("cu_seqlens_q", cu_seqlens_q, q);
+  check_prefix_sums("cu_seqlens_k", cu_seqlens_k, q);
+  TORCH_CHECK_VALUE(o.sizes() == q.sizes() && d_o.sizes() == q.sizes() && k.sizes() == v.sizes() &&
+                        k.size(1) == q.size(1) && k.size(2) == q.size(2),
+                    "attention_steps: the packed backward takes q, o and d_o [total_q, H, D] and k, "
+                    "v [total_k, H, D]; got ", shape_text(q), ", ", shape_text(o), ", ",
+                    shape_text(d_o), ", ", shape_text(k), " and ", shape_text(v));
+  TORCH_CHECK_VALUE(log_sum_exp.scalar_type() == at::kFloat && log_sum_exp.numel() == q.size(0) * q.size(1),
+                    "attention_steps: the packed backward needs L, fp32 [H, total_q], from "
+                    "varlen_attention");
+  const c10::cuda::CUDAGuard device_guard(q.device());
+  const int64_t total = q.size(0), kv_total = k.size(0);
+  at::Tensor dq = at::empty(q.sizes(), q.options()), dk = at::empty(k.sizes(), k.options()),
+             dv = at::empty(v.sizes(), v.options());
+  if (total == 0 || kv_total == 0) return {dq.zero_(), dk.zero_(), dv.zero_()};  // nothing to compute
+  // Rows of D contiguous and 16-byte aligned for the step's views; else contiguous copies.
+  auto qualifies = [&](const at::Tensor& t) {
+    return facts.takes_strides && t.stride(2) == 1 && reinterpret_cast<std::uintptr_t>(t.data_ptr()) % 16 == 0 &&
+           t.stride(0) % 8 == 0 && t.stride(1) % 8 == 0 && t.stride(0) >= q.size(2) && t.stride(1) >= q.size(2);
+  };
+  const bool qkv_views = qualifies(q) && qualifies(k) && qualifies(v) && k.strides() == q.strides() &&
+                         v.strides() == q.strides();
+  const at::Tensor q_in = qkv_views ? q : q.contiguous(), k_in = qkv_views ? k : k.contiguous(),
+                   v_in = qkv_views ? v : v.contiguous(), o_in = qualifies(o) ? o : o.contiguous(),
+                   d_o_in = qualifies(d_o) ? d_o : d_o.contiguous(), lse_in = log_sum_exp.contiguous();
+  attn_backward_args call{};
+  call.q = q_in.data_ptr();
+  call.k = k_in.data_ptr();
+  call.v = v_in.data_ptr();
+  call.o = o_in.data_ptr();
+  call.d_o = d_o_in.data_ptr();
+  call.log_sum_exp = lse_in.data_ptr();
+  call.dq = dq.data_ptr();
+  call.dk = dk.data_ptr();
+  call.dv = dv.data_ptr();
+  call.batch = cu_seqlens_q.size(0) - 1;
+  call.heads = q.size(1);
+  call.tokens = std::max<int64_t>(max_seqlen_q, 1);
+  call.kv_tokens = std::max<int64_t>(max_seqlen_k, 1);
+  call.head_dim = q.size(2);
+  call.qkv_strides = attn_strides{0, q_in.stride(1), q_in.stride(0)};
+  call.o_strides = attn_strides{0, o_in.stride(1), o_in.stride(0)};
+  call.d_o_strides = attn_strides{0, d_o_in.stride(1), d_o_in.stride(0)};
+  call.scale = scale.value_or(0.0);
+  call.stream = at::cuda::getCurrentCUDAStream(q.get_device()).stream();
+  call.pointers_checked_by_caller = 1;
+  call.deterministic = deterministic ? 1 : 0;
+  call.dtype = dtype_of(q);
+  call.causal = causal_of(causal);
+  call.cu_seqlens_q = cu_seqlens_q.data_ptr();
+  call.cu_seqlens_k = cu_seqlens_k.data_ptr();
+  call.total_tokens = total;
+  call.total_kv_tokens = kv_total;
+  char message[1024];
+  check_status(attn_launch_backward(id.c_str(), &call, message, sizeof message), message);
+  return {dq, dk, dv};
+}
+
 // attention_backward: dQ, dK, dV by backward step `step` from dO and what the forward saved
 // (its masks included). dQ like q, dK and dV like k and v: [B, H, N_k, D] in cross-attention.
 // Which steps serve N_k != N or a mask is the library's to say: a step that does not refuses
@@ -595,12 +673,17 @@ TORCH_LIBRARY(attention_steps, m) {
   m.def("varlen_attention(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, "
         "int max_seqlen_q, int max_seqlen_k, str step, str? causal=None, float? scale=None, "
         "bool return_log_sum_exp=False) -> (Tensor, Tensor)");
+  m.def("varlen_attention_backward(Tensor d_o, Tensor q, Tensor k, Tensor v, Tensor o, "
+        "Tensor log_sum_exp, Tensor cu_seqlens_q, Tensor cu_seqlens_k, int max_seqlen_q, "
+        "int max_seqlen_k, str step, str? causal=None, float? scale=None, "
+        "bool deterministic=False) -> (Tensor, Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(attention_steps, CUDA, m) {
   m.impl("attention", &attention_kernel);
   m.impl("attention_backward", &attention_backward_kernel);
   m.impl("varlen_attention", &varlen_attention_kernel);
+  m.impl("varlen_attention_backward", &varlen_attention_backward_kernel);
 }
 
 // On CPU tensors the same function, for its checks: "q is on cpu; the steps run on CUDA tensors"
