@@ -711,6 +711,17 @@ void launch_call(const char* id, const attn_launch_args& call) {
                  });
 }
 
+// The harness's arguments of a backward call's tensors, sizes, stream, mode and scale.
+attn::BackwardArgs backward_args_of(const attn::Shape& shape, const attn_backward_args& call) {
+  return attn::backward_args(
+      shape,
+      {static_cast<const __half*>(call.q), static_cast<const __half*>(call.k),
+       static_cast<const __half*>(call.v), static_cast<const __half*>(call.o),
+       static_cast<const __half*>(call.d_o), static_cast<const float*>(call.log_sum_exp),
+       static_cast<__half*>(call.dq), static_cast<__half*>(call.dk), static_cast<__half*>(call.dv)},
+      nullptr, static_cast<cudaStream_t>(call.stream), call.deterministic != 0, call.scale);
+}
+
 // A backward call's tensors (name, pointer, the bytes it spans): each on the device, and no
 // gradient overlapping an input or another gradient.
 using Tensor = std::tuple<const char*, const void*, std::size_t>;
@@ -772,13 +783,7 @@ void launch_packed_backward_call(const attn::StepInfo& step, const attn_backward
                                        {"cu_seqlens_k", call.cu_seqlens_k}}) {
     if (pointer != nullptr) check_pointer(name, pointer, device, query_cuda);
   }
-  attn::BackwardArgs args = attn::backward_args(
-      shape,
-      {static_cast<const __half*>(call.q), static_cast<const __half*>(call.k),
-       static_cast<const __half*>(call.v), static_cast<const __half*>(call.o),
-       static_cast<const __half*>(call.d_o), static_cast<const float*>(call.log_sum_exp),
-       static_cast<__half*>(call.dq), static_cast<__half*>(call.dk), static_cast<__half*>(call.dv)},
-      nullptr, static_cast<cudaStream_t>(call.stream), call.deterministic != 0, call.scale);
+  attn::BackwardArgs args = backward_args_of(shape, call);
   args.qkv_strides = {0, qkv.head, qkv.token};
   args.o_strides = {0, o.head, o.token};
   args.d_o_strides = {0, d_o.head, d_o.token};
@@ -853,13 +858,7 @@ void launch_backward_call(const char* id, const attn_backward_args& call) {
   }
   check_gradients_apart(inputs, {{"dq", call.dq, bytes}, {"dk", call.dk, kv_bytes}, {"dv", call.dv, kv_bytes}},
                         device, query_cuda);
-  attn::BackwardArgs args = attn::backward_args(
-      shape,
-      {static_cast<const __half*>(call.q), static_cast<const __half*>(call.k),
-       static_cast<const __half*>(call.v), static_cast<const __half*>(call.o),
-       static_cast<const __half*>(call.d_o), static_cast<const float*>(call.log_sum_exp),
-       static_cast<__half*>(call.dq), static_cast<__half*>(call.dk), static_cast<__half*>(call.dv)},
-      nullptr, static_cast<cudaStream_t>(call.stream), call.deterministic != 0, call.scale);
+  attn::BackwardArgs args = backward_args_of(shape, call);
   args.key_padding_mask = static_cast<const uint8_t*>(call.key_padding_mask);
   args.qkv_strides = qkv_strides;
   args.o_strides = o_strides;

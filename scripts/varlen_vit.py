@@ -74,6 +74,13 @@ def forward(model, images, attend_packed, F, torch):
     return x, model.heads(x[starts[:-1]])  # logits from each image's class token
 
 
+def median_ms(torch, run, calls):
+    """The median milliseconds of `calls` calls of run(), after a second of warm-up."""
+    measuring.warm_up(torch, [run], seconds=1.0)
+    times = sorted(measuring.each_call_ms(torch, [run] * calls))
+    return times[len(times) // 2]
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sides", default="224,384,512,224,640,288,1024,224")
@@ -124,12 +131,8 @@ def main(argv=None):
     grad_noise = (reference_grad - exact_grad).abs().max().item() / grad_scale
     grad_error = (ours_grad - reference_grad).abs().max().item() / grad_scale
     grad_tolerance = 3 * max(grad_noise, 2.0 ** -11)
-    train_timings = {}
-    for name, attend in (("packed", packed), ("per_image", per_image)):
-        run = lambda attend=attend: train_step(attend)
-        measuring.warm_up(torch, [run], seconds=1.0)
-        times = sorted(measuring.each_call_ms(torch, [run] * 10))
-        train_timings[name] = times[len(times) // 2]
+    train_timings = {name: median_ms(torch, lambda attend=attend: train_step(attend), 10)
+                     for name, attend in (("packed", packed), ("per_image", per_image))}
     with torch.inference_mode():
         reference = forward(model, images, per_image, F, torch)[0].double()
         ours, logits = forward(model, images, packed, F, torch)
@@ -139,12 +142,8 @@ def main(argv=None):
         noise = (reference - exact).abs().max().item() / scale
         error = (ours - reference).abs().max().item() / scale
         tolerance = 3 * max(noise, 2.0 ** -11)
-        timings = {}
-        for name, attend in (("packed", packed), ("per_image", per_image)):
-            run = lambda attend=attend: forward(model, images, attend, F, torch)
-            measuring.warm_up(torch, [run], seconds=1.0)
-            times = sorted(measuring.each_call_ms(torch, [run] * 20))
-            timings[name] = times[len(times) // 2]
+        timings = {name: median_ms(torch, lambda attend=attend: forward(model, images, attend, F, torch), 20)
+                   for name, attend in (("packed", packed), ("per_image", per_image))}
     total = sum((side // 16) ** 2 + 1 for side in sides)
     passed = error <= tolerance and grad_error <= grad_tolerance
     print(f"{torch.cuda.get_device_name()}: {len(sides)} images, sides {args.sides}, {total} tokens")

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <set>
+#include <utility>
 #include <vector>
 
 #include "step.hpp"
@@ -42,4 +43,26 @@ inline std::vector<int> all_tiles(const attn::TileSizes& tiles) {
   std::vector<int> all = tiles.rows;
   all.insert(all.end(), tiles.keys.begin(), tiles.keys.end());
   return all;
+}
+
+// Packed sequences of these lengths (self-attention, H = 3): the batch is their count, N the longest.
+inline attn::Shape packed_shape(std::vector<int64_t> lengths, int64_t head_dim,
+                                attn::Causal causal = attn::Causal::none,
+                                attn::DType dtype = attn::DType::fp16) {
+  attn::Shape shape{int64_t(lengths.size()), 3, *std::max_element(lengths.begin(), lengths.end()),
+                    head_dim, dtype};
+  shape.lengths = std::move(lengths);
+  shape.causal = causal;
+  return shape;
+}
+
+// The mixes of lengths a packed test runs: every length around every tile up to `longest` (a
+// sequence ending one row short of, at, and past a tile), each between sequences of one token;
+// ViT sizes; one long and many short; empty sequences among them; one token alone.
+inline std::vector<std::vector<int64_t>> packed_length_mixes(const attn::TileSizes& tiles, int64_t longest) {
+  std::vector<int64_t> around = {1};
+  for (int64_t tokens : sizes_around(all_tiles(tiles))) {
+    if (tokens <= longest) around.insert(around.end(), {tokens, 1});
+  }
+  return {around, {197, 577, 50}, {1025, 1, 2, 17, 65, 3}, {0, 5, 0, 130, 0}, {1}};
 }

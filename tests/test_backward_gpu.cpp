@@ -67,6 +67,16 @@ void require_pass(const attn::CheckResult& result) {
   CHECK(result.nonfinite == 0);
 }
 
+// The deterministic mode on `shape`: checked, and the same bits from a second run.
+void check_deterministic(const Shape& shape, CheckMode mode) {
+  const attn::BackwardRunResult first = run_backward(shape, mode, 1.0, true);
+  require_pass(first.check);
+  const attn::BackwardRunResult second = run_backward(shape, mode, 1.0, true);
+  CHECK(same_bits(first.dq, second.dq));
+  CHECK(same_bits(first.dk, second.dk));
+  CHECK(same_bits(first.dv, second.dv));
+}
+
 bool serves(const Shape& shape) { return !step_under_test().refuses(shape, device_under_test()); }
 
 // Whether the step takes everything `shape` asks for (its dtype, N_k != N, the key-padding
@@ -233,12 +243,7 @@ TEST_SUITE("backward") {
                                 Shape{32, 12, 197, head_dim}}) {
         CAPTURE(shape.str());
         const CheckMode mode = shape.batch > 2 ? CheckMode::sample : CheckMode::full;
-        const attn::BackwardRunResult first = run_backward(shape, mode, 1.0, true);
-        require_pass(first.check);
-        const attn::BackwardRunResult second = run_backward(shape, mode, 1.0, true);
-        CHECK(same_bits(first.dq, second.dq));
-        CHECK(same_bits(first.dk, second.dk));
-        CHECK(same_bits(first.dv, second.dv));
+        check_deterministic(shape, mode);
       }
     }
   }
@@ -301,12 +306,7 @@ TEST_SUITE("backward") {
           CAPTURE(qk_scale);
           require_pass(run_backward(shape, CheckMode::full, qk_scale).check);
         }
-        const attn::BackwardRunResult first = run_backward(shape, CheckMode::full, 1.0, true);
-        require_pass(first.check);
-        const attn::BackwardRunResult second = run_backward(shape, CheckMode::full, 1.0, true);
-        CHECK(same_bits(first.dq, second.dq));
-        CHECK(same_bits(first.dk, second.dk));
-        CHECK(same_bits(first.dv, second.dv));
+        check_deterministic(shape, CheckMode::full);
         Shape vit{8, 12, 577, head_dim, dtype};
         vit.causal = attn::Causal::top_left;
         CAPTURE(vit.str());
@@ -511,28 +511,14 @@ TEST_SUITE("backward") {
 
   TEST_CASE("packed sequences, where the step takes them: lengths 1, tile +- 1, long and short, causal, bf16, deterministic") {
     const attn::StepInfo& step = step_under_test();
-    auto packed_shape = [](std::vector<int64_t> lengths, int64_t head_dim,
-                           attn::Causal causal = attn::Causal::none, attn::DType dtype = attn::DType::fp16) {
-      Shape shape{int64_t(lengths.size()), 3, *std::max_element(lengths.begin(), lengths.end()), head_dim, dtype};
-      shape.lengths = std::move(lengths);
-      shape.causal = causal;
-      return shape;
-    };
     if (!step.takes_packed_sequences) {
       expect_refusal(packed_shape({17, 65}, 64), "--lengths");
       return;
     }
     for (int head_dim : step.head_dims) {
-      // Every length around every tile (a sequence ending one row short of, at, and past a Q
-      // tile or a K/V tile), between sequences of one token, whose Q tiles' TMA copies bring in
-      // the next sequence's rows; empty sequences among them.
-      std::vector<int64_t> around = {1};
-      for (int64_t tokens : sizes_around(all_tiles(step.tiles(head_dim)))) {
-        if (tokens <= 300) around.insert(around.end(), {tokens, 1});
-      }
-      const std::vector<std::vector<int64_t>> mixes = {
-          around, {197, 577, 50}, {1025, 1, 2, 17, 65, 3}, {0, 5, 0, 130, 0}, {1}};
-      for (const std::vector<int64_t>& lengths : mixes) {
+      // Every length around every tile (Q tiles and K/V tiles), between sequences of one token,
+      // whose Q tiles' TMA copies bring in the next sequence's rows.
+      for (const std::vector<int64_t>& lengths : packed_length_mixes(step.tiles(head_dim), 300)) {
         for (attn::Causal causal : {attn::Causal::none, attn::Causal::top_left}) {
           const Shape shape = packed_shape(lengths, head_dim, causal);
           CAPTURE(shape.str());
@@ -549,12 +535,7 @@ TEST_SUITE("backward") {
         CAPTURE(shape.str());
         require_pass(check_backward(shape, CheckMode::full));
         if (!step.has_deterministic_mode) continue;
-        const attn::BackwardRunResult first = run_backward(shape, CheckMode::full, 1.0, true);
-        require_pass(first.check);
-        const attn::BackwardRunResult second = run_backward(shape, CheckMode::full, 1.0, true);
-        CHECK(same_bits(first.dq, second.dq));
-        CHECK(same_bits(first.dk, second.dk));
-        CHECK(same_bits(first.dv, second.dv));
+        check_deterministic(shape, CheckMode::full);
       }
     }
   }

@@ -463,13 +463,6 @@ TEST_CASE("causal mask, where the step takes it: tails, N_q != N_k in both align
 
 TEST_CASE("packed sequences, where the step takes them: lengths 1, tile +- 1, long and short, causal, bf16") {
   const attn::StepInfo& step = step_under_test();
-  auto packed_shape = [](std::vector<int64_t> lengths, int64_t head_dim,
-                         attn::Causal causal = attn::Causal::none, attn::DType dtype = attn::DType::fp16) {
-    Shape shape{int64_t(lengths.size()), 3, *std::max_element(lengths.begin(), lengths.end()), head_dim, dtype};
-    shape.lengths = std::move(lengths);
-    shape.causal = causal;
-    return shape;
-  };
   if (!step.takes_packed_sequences) {
     const auto reason = step.refuses(packed_shape({17, 65}, 64), device_under_test());
     REQUIRE(reason.has_value());  // the refusal is the test
@@ -477,15 +470,8 @@ TEST_CASE("packed sequences, where the step takes them: lengths 1, tile +- 1, lo
     return;
   }
   for (int head_dim : step.head_dims) {
-    // Every length around every tile (a sequence ending one row short of, at, and past a work
-    // tile or a K/V tile), between sequences of one token; empty sequences among them.
-    std::vector<int64_t> around = {1};
-    for (int64_t tokens : sizes_around(all_tiles(step.tiles(head_dim)))) {
-      if (tokens <= 400) around.insert(around.end(), {tokens, 1});
-    }
-    const std::vector<std::vector<int64_t>> mixes = {
-        around, {197, 577, 50}, {1025, 1, 2, 17, 65, 3}, {0, 5, 0, 130, 0}, {1}};
-    for (const std::vector<int64_t>& lengths : mixes) {
+    // Every length around every tile (work tiles and K/V tiles), between sequences of one token.
+    for (const std::vector<int64_t>& lengths : packed_length_mixes(step.tiles(head_dim), 400)) {
       for (attn::Causal causal : {attn::Causal::none, attn::Causal::top_left}) {
         const Shape shape = packed_shape(lengths, head_dim, causal);
         if (!serves(step, shape)) continue;

@@ -30,42 +30,40 @@ static void expect_answer(int status, int expected, const char* message, const c
   expect(status == expected && strstr(message, fragment) != NULL, what, detail);
 }
 
+/* A call of step `info` on 3 packed sequences of 100 query tokens (64 the longest, one head of
+ * 64): through attn_launch or, for a backward step, attn_launch_backward; every pointer NULL but
+ * the prefix sums and the mask given. FILL_PACKED_CALL sets the fields the two structs share. */
+#define FILL_PACKED_CALL(call)                 \
+  do {                                         \
+    memset(&(call), 0, sizeof(call));          \
+    (call).batch = 3;                          \
+    (call).heads = 1;                          \
+    (call).tokens = (call).head_dim = 64;      \
+    (call).total_tokens = 100;                 \
+    (call).total_kv_tokens = total_kv_tokens;  \
+    (call).cu_seqlens_q = cu_seqlens_q;        \
+    (call).key_padding_mask = mask;            \
+  } while (0)
+
+static int launch_packed(const attn_step_info* info, const void* cu_seqlens_q, const void* mask,
+                         int64_t total_kv_tokens, char* message, size_t message_size) {
+  if (info->is_backward) {
+    attn_backward_args call;
+    FILL_PACKED_CALL(call);
+    return attn_launch_backward(info->id, &call, message, message_size);
+  } else {
+    attn_launch_args call;
+    FILL_PACKED_CALL(call);
+    return attn_launch(info->id, &call, message, message_size);
+  }
+}
+
 /* With a GPU: the backward's pointer and overlap checks in cross-attention with a mask, by the
  * backward step this GPU would run for it. The caller vouches for the pointers
  * (pointers_checked_by_caller), so host memory of this program stands in for the tensors: only
  * alignment and overlaps are judged, and every call here is refused before anything launches.
  * K, V, dK and dV are N_k = 64 rows long, Q, O, dO and dQ N = 16: an overlap within K's N_k rows
  * but past N rows must be seen. */
-/* A call of step `info` on 3 packed sequences of 100 query tokens (64 the longest, one head of
- * 64): through attn_launch or, for a backward step, attn_launch_backward; every pointer NULL but
- * the prefix sums and the mask given. */
-static int launch_packed(const attn_step_info* info, const void* cu_seqlens_q, const void* mask,
-                         int64_t total_kv_tokens, char* message, size_t message_size) {
-  if (info->is_backward) {
-    attn_backward_args call;
-    memset(&call, 0, sizeof call);
-    call.batch = 3;
-    call.heads = 1;
-    call.tokens = call.head_dim = 64;
-    call.total_tokens = 100;
-    call.total_kv_tokens = total_kv_tokens;
-    call.cu_seqlens_q = cu_seqlens_q;
-    call.key_padding_mask = mask;
-    return attn_launch_backward(info->id, &call, message, message_size);
-  } else {
-    attn_launch_args call;
-    memset(&call, 0, sizeof call);
-    call.batch = 3;
-    call.heads = 1;
-    call.tokens = call.head_dim = 64;
-    call.total_tokens = 100;
-    call.total_kv_tokens = total_kv_tokens;
-    call.cu_seqlens_q = cu_seqlens_q;
-    call.key_padding_mask = mask;
-    return attn_launch(info->id, &call, message, message_size);
-  }
-}
-
 static void backward_pointer_checks(void) {
   enum { N = 16, KEYS = 64, D = 64 };
   static char memory[98304] __attribute__((aligned(16)));

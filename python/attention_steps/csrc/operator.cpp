@@ -432,6 +432,33 @@ std::tuple<at::Tensor, at::Tensor> varlen_attention_kernel(
   return {o, log_sum_exp};
 }
 
+// What every backward call says: the tensors as the step will read them (q, k, v, o, d_o, L), the
+// gradients it writes, the options, and q's device's current stream (its pointers vouched for).
+attn_backward_args backward_call(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                 const at::Tensor& o, const at::Tensor& d_o,
+                                 const at::Tensor& log_sum_exp, const at::Tensor& dq,
+                                 const at::Tensor& dk, const at::Tensor& dv,
+                                 std::optional<double> scale, bool deterministic,
+                                 std::optional<c10::string_view> causal) {
+  attn_backward_args call{};
+  call.q = q.data_ptr();
+  call.k = k.data_ptr();
+  call.v = v.data_ptr();
+  call.o = o.data_ptr();
+  call.d_o = d_o.data_ptr();
+  call.log_sum_exp = log_sum_exp.data_ptr();
+  call.dq = dq.data_ptr();
+  call.dk = dk.data_ptr();
+  call.dv = dv.data_ptr();
+  call.scale = scale.value_or(0.0);
+  call.stream = at::cuda::getCurrentCUDAStream(q.get_device()).stream();
+  call.pointers_checked_by_caller = 1;
+  call.deterministic = deterministic ? 1 : 0;
+  call.dtype = dtype_of(q);
+  call.causal = causal_of(causal);
+  return call;
+}
+
 // varlen_attention_backward: dQ, dK, dV of packed sequences by backward step `step`, from dO and
 // what varlen_attention returned (O and L [H, total_q]); dQ like q, dK and dV like k and v, all
 // contiguous [total, H, D]. The workspace is the library's, stream-ordered (its size depends on
@@ -473,16 +500,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> varlen_attention_backward_kernel(
   const at::Tensor q_in = qkv_views ? q : q.contiguous(), k_in = qkv_views ? k : k.contiguous(),
                    v_in = qkv_views ? v : v.contiguous(), o_in = qualifies(o) ? o : o.contiguous(),
                    d_o_in = qualifies(d_o) ? d_o : d_o.contiguous(), lse_in = log_sum_exp.contiguous();
-  attn_backward_args call{};
-  call.q = q_in.data_ptr();
-  call.k = k_in.data_ptr();
-  call.v = v_in.data_ptr();
-  call.o = o_in.data_ptr();
-  call.d_o = d_o_in.data_ptr();
-  call.log_sum_exp = lse_in.data_ptr();
-  call.dq = dq.data_ptr();
-  call.dk = dk.data_ptr();
-  call.dv = dv.data_ptr();
+  attn_backward_args call = backward_call(q_in, k_in, v_in, o_in, d_o_in, lse_in, dq, dk, dv, scale,
+                                          deterministic, causal);
   call.batch = cu_seqlens_q.size(0) - 1;
   call.heads = q.size(1);
   call.tokens = std::max<int64_t>(max_seqlen_q, 1);
@@ -491,12 +510,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> varlen_attention_backward_kernel(
   call.qkv_strides = attn_strides{0, q_in.stride(1), q_in.stride(0)};
   call.o_strides = attn_strides{0, o_in.stride(1), o_in.stride(0)};
   call.d_o_strides = attn_strides{0, d_o_in.stride(1), d_o_in.stride(0)};
-  call.scale = scale.value_or(0.0);
-  call.stream = at::cuda::getCurrentCUDAStream(q.get_device()).stream();
-  call.pointers_checked_by_caller = 1;
-  call.deterministic = deterministic ? 1 : 0;
-  call.dtype = dtype_of(q);
-  call.causal = causal_of(causal);
   call.cu_seqlens_q = cu_seqlens_q.data_ptr();
   call.cu_seqlens_k = cu_seqlens_k.data_ptr();
   call.total_tokens = total;
@@ -555,16 +568,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_kernel(
   const at::Tensor q_in = qkv_strides ? q : q.contiguous(), k_in = qkv_strides ? k : k.contiguous(),
                    v_in = qkv_strides ? v : v.contiguous(), o_in = o_strides ? o : o.contiguous(),
                    d_o_in = d_o_strides ? d_o : d_o.contiguous(), lse_in = log_sum_exp.contiguous();
-  attn_backward_args call{};
-  call.q = q_in.data_ptr();
-  call.k = k_in.data_ptr();
-  call.v = v_in.data_ptr();
-  call.o = o_in.data_ptr();
-  call.d_o = d_o_in.data_ptr();
-  call.log_sum_exp = lse_in.data_ptr();
-  call.dq = dq.data_ptr();
-  call.dk = dk.data_ptr();
-  call.dv = dv.data_ptr();
+  attn_backward_args call = backward_call(q_in, k_in, v_in, o_in, d_o_in, lse_in, dq, dk, dv, scale,
+                                          deterministic, causal);
   call.batch = q.size(0);
   call.heads = q.size(1);
   call.tokens = q.size(2);
@@ -574,12 +579,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_kernel(
   if (qkv_strides) call.qkv_strides = *qkv_strides;
   if (o_strides) call.o_strides = *o_strides;
   if (d_o_strides) call.d_o_strides = *d_o_strides;
-  call.scale = scale.value_or(0.0);
-  call.stream = at::cuda::getCurrentCUDAStream(q.get_device()).stream();
-  call.pointers_checked_by_caller = 1;
-  call.deterministic = deterministic ? 1 : 0;
-  call.dtype = dtype_of(q);
-  call.causal = causal_of(causal);
   // Sized by attn_workspace_bytes, which knows N and not N_k: the backward steps' scratch (dQ's
   // fp32 sum and a row's D) grows with the queries alone. Were a step to need more for N_k, the
   // library would refuse the launch naming the bytes, never run short.
